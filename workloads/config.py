@@ -1,0 +1,447 @@
+"""Workload configuration: small dataclasses of plain values plus named presets.
+
+One name per concept: the dotted path of a field (``model.residual.p``) is at once the spec key,
+the MLflow param, the Parquet column and the plot axis. ``flatten(cfg)`` produces those keys.
+
+A residual family's own parameters live under it (``model.residual = {"family": "spheret",
+"p": 1.0}``); the family registry in ``workloads.residual`` validates them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = [
+    "ConfigError",
+    "GPTConfig",
+    "MLPConfig",
+    "DataConfig",
+    "MuonConfig",
+    "ManifoldConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "MetricsConfig",
+    "WorkloadConfig",
+    "PRESETS",
+    "preset",
+    "apply_overrides",
+    "flatten",
+    "to_dict",
+    "from_dict",
+    "validate",
+    "parse_value",
+]
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error; its message is one line naming the bad field."""
+
+
+# --- model -------------------------------------------------------------------------------
+
+
+@dataclass
+class GPTConfig:
+    """A GPT-2 style (``arch="gpt"``) or Llama-style (``arch="llama"``) decoder."""
+
+    arch: str = "gpt"
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 64
+    vocab_size: int = 0  # 0: taken from the tokenizer (GPT-2 BPE pads 50257 -> 50304)
+    bias: bool = False
+    dropout: float = 0.0
+    ffn_hidden: int = 0  # 0: 4d for gpt, 8d/3 rounded up to a multiple of 64 for llama
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    residual: dict = field(default_factory=lambda: {"family": "pre_ln"})
+
+
+@dataclass
+class MLPConfig:
+    """The residual MLP of SCIENCE.md 4.5: d_in -> width -> depth x (width x width) -> n_classes."""
+
+    arch: str = "mlp"
+    d_in: int = 784
+    width: int = 256
+    depth: int = 16
+    n_classes: int = 10
+    skip: bool = True  # the residual connection (False: the NoRes arm)
+    activation: str = "relu"  # relu | gelu | silu | none | radial | radial_rms
+    norm: str = "none"  # none | layernorm | rmsnorm  (applied to the block input)
+    init_scale: float = 1.0  # hidden W ~ N(0, init_scale^2 / width)
+
+
+ModelConfig = GPTConfig | MLPConfig
+
+
+# --- data --------------------------------------------------------------------------------
+
+
+@dataclass
+class DataConfig:
+    # shakespeare | mnist | openwebtext | fineweb-edu | wikitext-103 | a local .txt/.parquet path
+    corpus: str = "shakespeare"
+    tokenizer: str = "gpt2"  # gpt2 | char
+    val_fraction: float = 0.1
+    max_tokens: int = 0  # 0: the whole corpus; else truncate (cache key includes it)
+    cache_dir: str = ""  # "": $GEOSWEEP_CACHE or ~/.cache/geosweep
+
+
+# --- optimisation ------------------------------------------------------------------------
+
+
+@dataclass
+class MuonConfig:
+    """Muon for the hidden matrices; SCIENCE.md 3.1. Defaults are Paper B's form."""
+
+    lr: float = 0.02  # follows the AdamW schedule: lr_t * muon.lr / optim.lr
+    momentum: float = 0.95
+    nesterov: bool = True
+    momentum_form: str = "sum"  # sum (Paper B) | ema (Keller Jordan)
+    msign: str = "polar_express"  # polar_express | ns5 | svd
+    weight_decay: float = 0.1  # only for unconstrained matrices
+    shape_scale: bool = False  # sqrt(max(1, m/n)) as in Keller's Muon
+
+
+@dataclass
+class ManifoldConfig:
+    """Which constraint each Muon-managed matrix lives on; SCIENCE.md 3.2-3.4."""
+
+    # unconstrained | all_stiefel | all_dgram | hetero | hetero_inv, or {module-pattern: constraint}
+    assignment: Any = "unconstrained"
+    dual_steps: int = 20
+    dual_lr: float = 0.1
+    dual_tol: float = 0.0
+    dgram_retraction: str = "paper_svd_sorted"  # paper_svd_sorted | colnorm_polar
+    init_on_manifold: bool = True
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw | muon  (muon: hidden matrices on Muon/Manifold Muon, rest AdamW)
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 20
+    schedule: str = "cosine"  # cosine | constant
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0  # 0 disables
+    muon: MuonConfig = field(default_factory=MuonConfig)
+    manifold: ManifoldConfig = field(default_factory=ManifoldConfig)
+
+
+# --- the loop ----------------------------------------------------------------------------
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200
+    batch_size: int = 12
+    grad_accum: int = 1
+    eval_every: int = 50  # also the report interval
+    eval_iters: int = 10
+    metrics_every: int = 50  # continuity/instability metrics; 0 disables
+    checkpoint_every: int = 0  # 0: only at the end when a checkpoint dir is given
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "float32"  # float32 | bf16 (autocast; retractions stay fp32)
+    compile: bool = False
+    epochs: int = 0  # mlp only: when > 0, steps = epochs * ceil(n_train / batch_size)
+
+
+@dataclass
+class MetricsConfig:
+    svd_every: int = 0  # exact batched SVD metrics every k steps; 0: every metrics_every
+    topk: list = field(default_factory=lambda: [1, 4, 16])
+    probe_batch: int = 4
+    probe_len: int = 0  # 0: block_size (capped at 256)
+    coherence: bool = True  # gradient coherence (instantaneous and cumulative)
+    instability: bool = True
+
+
+@dataclass
+class WorkloadConfig:
+    preset: str = ""
+    model: Any = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+
+# --- presets (functions; variants copy and edit a base) -----------------------------------
+
+
+def gpt_debug() -> WorkloadConfig:
+    """Trains in seconds on CPU: char-level Shakespeare, 2 x 64."""
+    return WorkloadConfig(
+        preset="gpt-debug",
+        model=GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32),
+        data=DataConfig(corpus="shakespeare", tokenizer="char", max_tokens=200_000),
+        optim=OptimConfig(lr=3e-3, warmup_steps=5),
+        train=TrainConfig(steps=30, batch_size=8, eval_every=10, eval_iters=2, metrics_every=10),
+    )
+
+
+def gpt_tiny() -> WorkloadConfig:
+    """nanoGPT's CPU recipe (SCIENCE.md 1.2 Tiny-A) on GPT-2 BPE Shakespeare."""
+    return WorkloadConfig(
+        preset="gpt-tiny",
+        model=GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64),
+        data=DataConfig(corpus="shakespeare", tokenizer="gpt2"),
+        optim=OptimConfig(lr=1e-3, beta2=0.99, warmup_steps=100),
+        train=TrainConfig(steps=500, batch_size=12, eval_every=100, eval_iters=20, metrics_every=100),
+    )
+
+
+def llama_tiny() -> WorkloadConfig:
+    """SCIENCE.md 1.2 Tiny-C: a 2-layer, d=64 Llama-style model on a small token stream."""
+    return WorkloadConfig(
+        preset="llama-tiny",
+        model=GPTConfig(
+            arch="llama", n_layer=2, n_head=2, n_embd=64, block_size=64, tie_embeddings=False
+        ),
+        data=DataConfig(corpus="shakespeare", tokenizer="gpt2"),
+        optim=OptimConfig(lr=1e-3, warmup_steps=20),
+        train=TrainConfig(steps=200, batch_size=8, eval_every=50, eval_iters=10, metrics_every=50),
+    )
+
+
+def mlp_debug() -> WorkloadConfig:
+    """A 4 x 64 residual MLP on real MNIST; seconds on CPU."""
+    return WorkloadConfig(
+        preset="mlp-debug",
+        model=MLPConfig(width=64, depth=4),
+        data=DataConfig(corpus="mnist", tokenizer="none"),
+        optim=OptimConfig(lr=1e-3, beta2=0.999, weight_decay=0.0, warmup_steps=0,
+                          schedule="constant", grad_clip=0.0),
+        train=TrainConfig(steps=30, batch_size=64, eval_every=10, eval_iters=2, metrics_every=10),
+    )
+
+
+def mlp_mnist() -> WorkloadConfig:
+    """SCIENCE.md 4.5: 16 x 256 on MNIST, Adam 1e-3, batch 128, 10 epochs, metrics every 50."""
+    return WorkloadConfig(
+        preset="mlp-mnist",
+        model=MLPConfig(width=256, depth=16),
+        data=DataConfig(corpus="mnist", tokenizer="none"),
+        optim=OptimConfig(lr=1e-3, beta2=0.999, weight_decay=0.0, warmup_steps=0,
+                          schedule="constant", grad_clip=0.0),
+        train=TrainConfig(steps=4690, epochs=10, batch_size=128, eval_every=500, eval_iters=20,
+                          metrics_every=50),
+    )
+
+
+def gpt2_small() -> WorkloadConfig:
+    """GPT-2 small (124M), nanoGPT defaults (SCIENCE.md 1.1); meant for GPUs."""
+    return WorkloadConfig(
+        preset="gpt2-small",
+        model=GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024),
+        data=DataConfig(corpus="shakespeare", tokenizer="gpt2"),
+        optim=OptimConfig(lr=6e-4, warmup_steps=1000),
+        train=TrainConfig(steps=50_000, batch_size=12, grad_accum=5, eval_every=1000,
+                          eval_iters=200, metrics_every=1000, dtype="bf16", compile=True),
+    )
+
+
+PRESETS: dict[str, Callable[[], WorkloadConfig]] = {
+    "gpt-debug": gpt_debug,
+    "gpt-tiny": gpt_tiny,
+    "llama-tiny": llama_tiny,
+    "mlp-debug": mlp_debug,
+    "mlp-mnist": mlp_mnist,
+    "gpt2-small": gpt2_small,
+}
+
+
+def preset(name: str) -> WorkloadConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; valid: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]()
+
+
+# --- dict round trip, flattening, overrides ----------------------------------------------
+
+
+def to_dict(cfg: WorkloadConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict) -> WorkloadConfig:
+    """Inverse of ``to_dict`` (used to ship configs through Ray and checkpoints)."""
+    d = copy.deepcopy(d)
+    model = d.get("model", {})
+    model_cls = MLPConfig if model.get("arch") == "mlp" else GPTConfig
+    optim = d.get("optim", {})
+    return WorkloadConfig(
+        preset=d.get("preset", ""),
+        model=model_cls(**model),
+        data=DataConfig(**d.get("data", {})),
+        optim=OptimConfig(
+            **{k: v for k, v in optim.items() if k not in ("muon", "manifold")},
+            muon=MuonConfig(**optim.get("muon", {})),
+            manifold=ManifoldConfig(**optim.get("manifold", {})),
+        ),
+        train=TrainConfig(**d.get("train", {})),
+        metrics=MetricsConfig(**d.get("metrics", {})),
+    )
+
+
+def flatten(cfg: WorkloadConfig | dict, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys to plain values: ``{"model.residual.p": 1.0, "optim.lr": 1e-3, ...}``."""
+    d = to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set key=value`` value: YAML scalars, plus ``inf`` for p = infinity."""
+    import yaml
+
+    if text.strip().lower() in ("inf", "+inf", "infinity"):
+        return math.inf
+    return yaml.safe_load(text)
+
+
+def _coerce(value: Any, current: Any, key: str) -> Any:
+    if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
+        value = math.inf
+    if isinstance(current, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if isinstance(current, int) and not isinstance(current, bool):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if isinstance(current, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if isinstance(current, str) and not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def apply_overrides(cfg: WorkloadConfig, overrides: dict[str, Any]) -> WorkloadConfig:
+    """Return a copy of ``cfg`` with dotted-key overrides applied.
+
+    Keys must name existing fields, except inside ``model.residual`` (a family's own
+    parameters, validated by the family registry) and ``optim.manifold.assignment`` (a map).
+    """
+    cfg = copy.deepcopy(cfg)
+    if "model.arch" in overrides:
+        arch = overrides["model.arch"]
+        if arch == "mlp" and not isinstance(cfg.model, MLPConfig):
+            cfg.model = MLPConfig()
+        elif arch in ("gpt", "llama") and not isinstance(cfg.model, GPTConfig):
+            cfg.model = GPTConfig(arch=arch)
+    for key, value in overrides.items():
+        parts = key.split(".")
+        obj: Any = cfg
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(obj, dict):
+                obj = obj.setdefault(part, {})
+            elif dataclasses.is_dataclass(obj) and hasattr(obj, part):
+                obj = getattr(obj, part)
+            else:
+                raise ConfigError(f"unknown config key {key!r} (no field {'.'.join(parts[: i + 1])!r})")
+        last = parts[-1]
+        if isinstance(obj, dict):
+            obj[last] = math.inf if isinstance(value, str) and value.lower() == "inf" else value
+        elif dataclasses.is_dataclass(obj) and last in {f.name for f in dataclasses.fields(obj)}:
+            current = getattr(obj, last)
+            if dataclasses.is_dataclass(current):
+                raise ConfigError(f"{key}: is a section; set one of its fields instead")
+            if isinstance(current, dict) and isinstance(value, dict):
+                value = {**current, **value} if last != "residual" else dict(value)
+            elif current is not None and not isinstance(current, (dict, list)) and key != "optim.manifold.assignment":
+                value = _coerce(value, current, key)
+            setattr(obj, last, value)
+        else:
+            valid = sorted(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else []
+            raise ConfigError(f"unknown config key {key!r}; valid under it: {', '.join(valid)}")
+    return cfg
+
+
+# --- validation --------------------------------------------------------------------------
+
+_CHOICES = {
+    "data.tokenizer": ("gpt2", "char", "none"),
+    "optim.name": ("adamw", "muon"),
+    "optim.schedule": ("cosine", "constant"),
+    "optim.muon.momentum_form": ("sum", "ema"),
+    "optim.muon.msign": ("polar_express", "ns5", "svd"),
+    "optim.manifold.dgram_retraction": ("paper_svd_sorted", "colnorm_polar"),
+    "train.dtype": ("float32", "bf16"),
+}
+_MLP_CHOICES = {
+    "model.activation": ("relu", "gelu", "silu", "none", "radial", "radial_rms"),
+    "model.norm": ("none", "layernorm", "rmsnorm"),
+}
+
+
+def validate(cfg: WorkloadConfig) -> WorkloadConfig:
+    """Check every field a user can get wrong; raise ConfigError with one line. Returns cfg."""
+    flat = flatten(cfg)
+    choices = dict(_CHOICES)
+    if isinstance(cfg.model, MLPConfig):
+        choices.update(_MLP_CHOICES)
+    for key, valid in choices.items():
+        if flat.get(key) not in valid:
+            raise ConfigError(f"{key}: {flat.get(key)!r} is not one of {', '.join(valid)}")
+    positive = ["optim.lr", "train.steps", "train.batch_size", "train.eval_iters",
+                "train.grad_accum", "optim.muon.lr"]
+    for key in positive:
+        v = flat[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v:
+            raise ConfigError(f"{key}: must be > 0, got {v!r}")
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction: must be in [0, 1), got {cfg.data.val_fraction!r}")
+    for key in ("train.eval_every", "train.metrics_every", "train.checkpoint_every",
+                "optim.warmup_steps", "train.epochs"):
+        if flat[key] < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")
+    dev = cfg.train.device
+    if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
+        raise ConfigError(f"train.device: {dev!r} is not one of auto, cpu, cuda, cuda:N")
+    m = cfg.model
+    if isinstance(m, GPTConfig):
+        if m.arch not in ("gpt", "llama"):
+            raise ConfigError(f"model.arch: {m.arch!r} is not one of gpt, llama, mlp")
+        for key in ("n_layer", "n_head", "n_embd", "block_size"):
+            if getattr(m, key) <= 0:
+                raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)!r}")
+        if m.n_embd % m.n_head:
+            raise ConfigError(f"model.n_embd: {m.n_embd} is not divisible by model.n_head={m.n_head}")
+        if cfg.data.tokenizer == "none":
+            raise ConfigError("data.tokenizer: a GPT needs gpt2 or char, got 'none'")
+        from workloads.residual import family_params  # validates family name and its params
+
+        family_params(m.residual)
+    else:
+        for key in ("width", "depth", "d_in", "n_classes"):
+            if getattr(m, key) <= 0:
+                raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)!r}")
+        if m.init_scale <= 0:
+            raise ConfigError(f"model.init_scale: must be > 0, got {m.init_scale!r}")
+    from workloads.optim import validate_assignment  # validates names / patterns
+
+    validate_assignment(cfg.optim.manifold.assignment)
+    return cfg
