@@ -1,0 +1,215 @@
+"""The Tune callback that feeds both sinks from the driver (the single writer of results).
+
+It reads the underscore keys of the Tune result payload (docs/contracts.md): ``_curve``,
+``_rows``, ``_status``, ``_divergence``, ``_node``, ``_timing``, ``_trial_params``, ``_arm``,
+``_seed``. Per result: curve and metric parts to Parquet, batched metrics to MLflow, the
+trial's record refreshed (Parquet ``trials`` is overwritten). At the end: the final record
+and the MLflow child's end.
+
+Final status:
+- ``diverged``: the worker's last ``_status`` was diverged (reason/step from ``_divergence``);
+- ``completed``: the worker said completed;
+- ``stopped``: Tune completed the trial while the worker still said running (a scheduler such
+  as ASHA stopped it early, or a stopper);
+- ``failed``: ``on_trial_error``: an infrastructure failure (worker death, exception) after
+  Tune's retries.
+
+A trial that Tune recovers (``on_trial_recover``/``on_trial_restore``) restarts from its
+last checkpoint at step ``s`` and re-reports steps ``s+1..``: its first curve after the
+restart makes the Parquet sink drop the lost segment (``truncate_after(s)``); MLflow keeps
+the first value per step (see sinks/mlflow.py). Works without Ray running: every hook only
+needs ``trial.trial_id`` and ``trial.config``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray.tune import Callback
+
+from orchestrator.sinks.mlflow import TAG, MlflowSink
+from orchestrator.sinks.parquet import ParquetSink
+
+__all__ = ["SinkCallback", "FINAL_STATUSES"]
+
+FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
+_P_KEY = "model.residual.p"
+_SEED_KEY = "train.seed"
+
+
+def _scalars(result: dict) -> dict[str, float]:
+    """Reported metric values: numeric keys with a '/' (``train/loss``, ``val/loss``)."""
+    return {k: float(v) for k, v in result.items()
+            if "/" in k and not k.startswith(("_", "config/"))
+            and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _error_text(trial: Any) -> str:
+    """Last line of Tune's error file for the trial (the exception), if any."""
+    path = getattr(trial, "error_file", None)
+    try:
+        with open(path) as f:
+            lines = [line.strip() for line in f if line.strip()]
+        return lines[-1][:2000] if lines else "error"
+    except (OSError, TypeError):
+        return "error"
+
+
+class SinkCallback(Callback):
+    """Tune callback writing every trial to Parquet and MLflow; keeps the trial records."""
+
+    def __init__(
+        self,
+        parquet: ParquetSink | None = None,
+        mlflow: MlflowSink | None = None,
+        metric: str = "val/loss",
+        sweep: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.parquet, self.mlflow, self.metric, self.clock = parquet, mlflow, metric, clock
+        self.sweep = sweep or (parquet.sweep if parquet else mlflow.sweep if mlflow else None)
+        self._records: dict[str, dict[str, Any]] = {}
+        self._resumed: set[str] = set()
+        self._tagged: dict[str, dict[str, Any]] = {}  # MLflow tags already set per trial
+
+    # --- public ---------------------------------------------------------------------------
+    def records(self) -> list[dict[str, Any]]:
+        """The latest record of every trial seen (TRIAL_SCHEMA fields + params + scalars)."""
+        return [copy.deepcopy(self._records[k]) for k in sorted(self._records)]
+
+    # --- Tune hooks -----------------------------------------------------------------------
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        rec = self._record(trial)
+        rec["status"] = "running"
+        if self.mlflow is not None:
+            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec))
+        self._write(rec)
+
+    def on_trial_restore(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._resumed.add(trial.trial_id)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        rec = self._record(trial)
+        rec["retries"] = (rec.get("retries") or 0) + 1
+        rec["error"] = _error_text(trial)
+        self._resumed.add(trial.trial_id)
+        self._write(rec)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info) -> None:
+        tid = trial.trial_id
+        rec = self._record(trial)
+        curve, rows = result.get("_curve") or [], result.get("_rows") or []
+        self._update(rec, result, curve)
+        if tid in self._resumed and (curve or rows):
+            if self.parquet is not None:  # drop the lost segment, then write the new one
+                self.parquet.truncate_after(tid, min(p["step"] for p in curve + rows) - 1)
+            self._resumed.discard(tid)
+        if self.parquet is not None:
+            self.parquet.write_curve(tid, curve)
+            self.parquet.write_metrics(tid, rows)
+        if self.mlflow is not None:
+            self.mlflow.log_curve(tid, curve)
+            step = int(result.get("step", rec.get("last_step") or 0))
+            self.mlflow.log_scalars(tid, _scalars(result), step)
+            for r in rows:  # model-wide rows only; per-layer rows live in Parquet
+                if r.get("module", "") == "" and r.get("layer", -1) < 0:
+                    self.mlflow.log_scalars(tid, {f"geo/{r['metric']}": r["value"]}, r["step"])
+            self._set_tags(tid, self._tags(rec))
+        self._write(rec)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        rec = self._record(trial)
+        status = rec["status"] if rec["status"] in ("completed", "diverged") else "stopped"
+        self._finish(trial, status)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._record(trial)["error"] = _error_text(trial)
+        self._finish(trial, "failed")
+
+    # --- records --------------------------------------------------------------------------
+    def _record(self, trial: Any) -> dict[str, Any]:
+        tid = trial.trial_id
+        if tid not in self._records:
+            params = dict(getattr(trial, "config", None) or {})
+            self._records[tid] = {
+                "trial": tid, "sweep": self.sweep, "status": "running", "params": params,
+                "scalars": {}, "seed": params.get(_SEED_KEY), "retries": 0,
+                "started_at": self.clock(),
+            }
+        return self._records[tid]
+
+    def _update(self, rec: dict, result: dict, curve: list[dict]) -> None:
+        if result.get("_trial_params"):
+            rec["params"] = dict(result["_trial_params"])
+        for src, dst in (("_arm", "arm"), ("_seed", "seed"), ("_node", "node")):
+            if result.get(src) is not None:
+                rec[dst] = result[src]
+        if result.get("_timing"):
+            rec["timing"] = dict(result["_timing"])
+            rec["timing_json"] = json.dumps(rec["timing"])
+        if result.get("_status"):
+            rec["status"] = result["_status"]
+        div = result.get("_divergence")
+        if div:
+            rec["divergence_reason"] = div.get("reason")
+            rec["divergence_step"] = div.get("step")
+            rec["divergence_detail"] = div.get("detail")
+        if "step" in result:
+            rec["last_step"] = int(result["step"])
+        scalars = _scalars(result)
+        rec["scalars"].update(scalars)
+        if self.metric in result:
+            rec["objective"] = float(result[self.metric])
+        rec["final_train_loss"] = rec["scalars"].get("train/loss")
+        rec["final_val_loss"] = rec["scalars"].get("val/loss")
+        vals = [p["value"] for p in curve if p.get("split") == "val" and p.get("metric") == "loss"]
+        vals += [scalars["val/loss"]] if "val/loss" in scalars else []
+        vals += [rec["best_val_loss"]] if rec.get("best_val_loss") is not None else []
+        finite = [float(v) for v in vals if math.isfinite(v)]
+        rec["best_val_loss"] = min(finite) if finite else None
+
+    def _finish(self, trial: Any, status: str) -> None:
+        rec = self._record(trial)
+        rec["status"] = status
+        rec["ended_at"] = self.clock()
+        rec["wall_s"] = rec["ended_at"] - rec["started_at"]
+        timing = rec.get("timing") or {}
+        rec["train_s"] = timing.get("train_s")
+        rec["setup_s"] = timing.get("setup_s")
+        rec["overhead_s"] = rec["wall_s"] - rec["train_s"] if rec["train_s"] is not None else None
+        self._write(rec)
+        if self.mlflow is not None:
+            tags = self._tags(rec)
+            tags.update({f"{TAG}best_val_loss": rec.get("best_val_loss"),
+                         f"{TAG}wall_s": rec["wall_s"], f"{TAG}overhead_s": rec["overhead_s"],
+                         f"{TAG}error": rec.get("error") if status == "failed" else None})
+            self.mlflow.end_child(trial.trial_id, status, tags)
+
+    def _write(self, rec: dict) -> None:
+        if self.parquet is not None:
+            self.parquet.write_trial(rec)
+
+    # --- MLflow tags ----------------------------------------------------------------------
+    def _tags(self, rec: dict) -> dict[str, Any]:
+        tags = {f"{TAG}status": rec["status"], f"{TAG}arm": rec.get("arm"),
+                f"{TAG}seed": rec.get("seed"), f"{TAG}p": rec["params"].get(_P_KEY),
+                f"{TAG}node": rec.get("node"), f"{TAG}retries": rec.get("retries")}
+        if rec.get("divergence_reason"):
+            tags[f"{TAG}divergence.reason"] = rec["divergence_reason"]
+            tags[f"{TAG}divergence.step"] = rec.get("divergence_step")
+            tags[f"{TAG}divergence.detail"] = rec.get("divergence_detail")
+        return {k: v for k, v in tags.items() if v is not None}
+
+    def _set_tags(self, tid: str, tags: dict[str, Any]) -> None:
+        """Only the tags that changed since the last call (one log_batch less per result)."""
+        done = self._tagged.setdefault(tid, {})
+        new = {k: v for k, v in tags.items() if done.get(k) != v}
+        if new:
+            self.mlflow.set_tags(tid, new)
+            done.update(new)

@@ -1,0 +1,238 @@
+"""MLflow writer of one sweep: a parent run per sweep, a child run per trial.
+
+One writer per sweep, living in the driver process (Ray Train V2 rejects Tune's MLflow logger
+and nested runs from workers are buggy, see PLATFORM.md). Only ``MlflowClient`` is used, so
+nothing depends on MLflow's global active-run state.
+
+Resumable and idempotent: the parent is found again by its tag ``geosweep.sweep`` (+ role
+``parent``), a child by ``geosweep.trial_id``, so a resumed driver never duplicates a run.
+Metric points are written at most once per (trial, key, step): a point whose step is not
+above the last step already logged for that key is skipped (MLflow cannot delete metric
+points, so a resumed trial's re-run steps keep the first value; on CPU they are equal).
+
+Keys: curve points ``{split, metric}`` -> ``<split>/<metric>`` (``train/loss``, ``val/loss``);
+params are flattened with dotted keys, stringified, truncated to 6000 characters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+__all__ = ["MlflowSink", "default_tracking", "flatten_params", "TAG"]
+
+TAG = "geosweep."
+_MAX_METRICS = 1000  # MLflow's per-log_batch limits
+_MAX_PARAMS_TAGS = 100
+_MAX_PARAM_LEN = 6000
+_MAX_TAG_LEN = 5000
+_BAD_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
+# geosweep status -> MLflow run status; "stopped" = ended early by a scheduler (ASHA)
+_END_STATUS = {"completed": "FINISHED", "diverged": "FINISHED", "stopped": "FINISHED",
+               "failed": "FAILED"}
+
+
+def default_tracking(sweep_dir: str) -> tuple[str, str]:
+    """(tracking URI, artifact location) of the local store inside a sweep folder."""
+    d = os.path.abspath(sweep_dir)
+    return f"sqlite:///{d}/mlflow.db", f"{d}/mlartifacts"
+
+
+def _key(k: str) -> str:
+    return _BAD_KEY.sub("_", str(k))[:250]
+
+
+def _text(v: Any) -> str:
+    """Plain values as Python prints them (``inf``, ``0.001``); containers as JSON."""
+    if isinstance(v, str):
+        return v
+    if v is None or isinstance(v, (bool, int, float)):
+        return str(v)
+    return json.dumps(v, default=str)
+
+
+def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested/dotted params -> ``{dotted key: str value}``, MLflow-safe keys and lengths."""
+    out: dict[str, str] = {}
+    for k, v in params.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten_params(v, key + "."))
+        else:
+            out[_key(key)] = _text(v)[:_MAX_PARAM_LEN]
+    return out
+
+
+def _chunks(items: list, n: int):
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+class MlflowSink:
+    """Parent/child runs of one sweep in one experiment."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        sweep: str,
+        artifact_location: str | None = None,
+    ) -> None:
+        if artifact_location is None and tracking_uri.startswith("sqlite:///"):
+            # next to the database, not ./mlruns of the current directory
+            db = tracking_uri[len("sqlite:///") :]
+            artifact_location = os.path.join(os.path.dirname(os.path.abspath(db)), "mlartifacts")
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.sweep = sweep
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            self.experiment_id = self.client.create_experiment(
+                experiment, artifact_location=artifact_location
+            )
+        else:
+            self.experiment_id = exp.experiment_id
+        self.parent_id: str | None = None
+        self._children: dict[str, str] = {}  # trial id -> run id
+        self._start_ms: dict[str, int] = {}  # trial id -> child start time (ms)
+        self._last_step: dict[tuple[str, str], int] = {}  # (trial, key) -> last logged step
+
+    # --- runs -----------------------------------------------------------------------------
+    def _find(self, tags: dict[str, str]) -> str | None:
+        filt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        runs = self.client.search_runs([self.experiment_id], filter_string=filt, max_results=2)
+        return runs[0].info.run_id if runs else None
+
+    def start_parent(self, spec_yaml: str, params: dict, provenance: dict) -> str:
+        """Create (or find again) the sweep's parent run; log params, provenance and spec."""
+        ident = {f"{TAG}sweep": self.sweep, f"{TAG}role": "parent"}
+        run_id = self._find(ident)
+        if run_id is None:
+            run_id = self.client.create_run(self.experiment_id, tags=ident,
+                                            run_name=self.sweep).info.run_id
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.parent_id = run_id
+        self._log_params(run_id, params)
+        tags = {f"{TAG}{k}": v for k, v in provenance.items() if not isinstance(v, dict)}
+        for k, v in provenance.items():
+            if isinstance(v, dict):
+                tags.update({f"{TAG}{k}.{kk}": vv for kk, vv in v.items()})
+        self._log_tags(run_id, tags)
+        self.client.log_text(run_id, spec_yaml, "spec.yaml")
+        self.client.log_dict(run_id, provenance, "provenance.json")
+        return run_id
+
+    def start_child(self, trial_id: str, params: dict, tags: dict | None = None) -> str:
+        """The trial's child run, created once: a resumed trial gets its old run back."""
+        if self.parent_id is None:
+            raise RuntimeError("start_parent must be called before start_child")
+        if trial_id in self._children:
+            run_id = self._children[trial_id]
+        else:
+            ident = {f"{TAG}sweep": self.sweep, f"{TAG}trial_id": trial_id}
+            run_id = self._find(ident)
+            if run_id is None:
+                run = self.client.create_run(
+                    self.experiment_id, run_name=trial_id,
+                    tags={**ident, f"{TAG}role": "child", "mlflow.parentRunId": self.parent_id},
+                )
+                run_id = run.info.run_id
+                self._start_ms[trial_id] = run.info.start_time
+            else:
+                self._reload_child(trial_id, run_id)
+            self._children[trial_id] = run_id
+        self.client.update_run(run_id, status="RUNNING")
+        self._log_params(run_id, params)
+        self._log_tags(run_id, tags or {})
+        return run_id
+
+    def _reload_child(self, trial_id: str, run_id: str) -> None:
+        """Recover start time and last logged step per key of an existing child."""
+        run = self.client.get_run(run_id)
+        self._start_ms[trial_id] = run.info.start_time
+        for key in run.data.metrics:
+            hist = self.client.get_metric_history(run_id, key)
+            self._last_step[(trial_id, key)] = max(m.step for m in hist)
+
+    def end_child(self, trial_id: str, status: str, tags: dict | None = None) -> None:
+        """Tag the final status (completed | diverged | stopped | failed); end the run."""
+        if status not in _END_STATUS:
+            raise ValueError(f"status={status!r}: use one of {sorted(_END_STATUS)}")
+        run_id = self._run(trial_id)
+        self._log_tags(run_id, {f"{TAG}status": status, **(tags or {})})
+        self.client.set_terminated(run_id, status=_END_STATUS[status])
+
+    def end_parent(self, status: str = "FINISHED") -> None:
+        """Terminate the parent run (FINISHED | FAILED | KILLED)."""
+        if self.parent_id is not None:
+            self.client.set_terminated(self.parent_id, status=status)
+
+    def _run(self, trial_id: str | None) -> str:
+        run_id = self.parent_id if trial_id is None else self._children.get(trial_id)
+        if run_id is None:
+            raise KeyError(f"trial_id={trial_id!r}: no run started for it")
+        return run_id
+
+    # --- data -----------------------------------------------------------------------------
+    def log_curve(self, trial_id: str, points: list[dict]) -> int:
+        """Batched curve points ``{step, split, metric, value, wall_time}``; returns # logged.
+
+        Timestamps are the child's start time + ``wall_time``, so MLflow's relative-time axis
+        shows training time.
+        """
+        t0 = self._start_ms.get(trial_id, int(time.time() * 1000))
+        metrics = []
+        for p in points:
+            key = _key(f"{p['split']}/{p['metric']}")
+            wall = p.get("wall_time")
+            ts = t0 + int(1000 * wall) if wall is not None and math.isfinite(wall) else None
+            metrics.append((key, float(p["value"]), int(p["step"]), ts))
+        return self._log_metrics(trial_id, metrics)
+
+    def log_scalars(self, trial_id: str | None, scalars: dict[str, float], step: int) -> int:
+        """Scalars at one step (the parent's when ``trial_id`` is None); returns # logged."""
+        items = [(_key(k), float(v), int(step), None) for k, v in scalars.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return self._log_metrics(trial_id, items)
+
+    def set_tags(self, trial_id: str | None, tags: dict[str, Any]) -> None:
+        """Tags on a child (or on the parent when ``trial_id`` is None)."""
+        self._log_tags(self._run(trial_id), tags)
+
+    def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
+        """A local file or folder as an artifact of the parent run."""
+        self.client.log_artifact(self._run(None), path, artifact_path)
+
+    def _log_metrics(self, trial_id: str | None, items: list[tuple]) -> int:
+        run_id = self._run(trial_id)
+        now = int(time.time() * 1000)
+        batch = []
+        for key, value, step, ts in sorted(items, key=lambda m: m[2]):
+            last = self._last_step.get((trial_id, key))
+            if last is not None and step <= last:
+                continue  # at most once per step (resume, repeated final report)
+            self._last_step[(trial_id, key)] = step
+            batch.append(Metric(key, value, ts if ts is not None else now, step))
+        for chunk in _chunks(batch, _MAX_METRICS):
+            self.client.log_batch(run_id, metrics=chunk)
+        return len(batch)
+
+    def _log_params(self, run_id: str, params: dict) -> None:
+        # params are immutable in MLflow: on a resumed run log only the new ones
+        have = self.client.get_run(run_id).data.params
+        flat = {k: v for k, v in flatten_params(params).items() if k not in have}
+        for chunk in _chunks([Param(k, v) for k, v in flat.items()], _MAX_PARAMS_TAGS):
+            self.client.log_batch(run_id, params=chunk)
+
+    def _log_tags(self, run_id: str, tags: dict) -> None:
+        items = [RunTag(_key(k), _text(v)[:_MAX_TAG_LEN]) for k, v in tags.items()
+                 if v is not None]
+        for chunk in _chunks(items, _MAX_PARAMS_TAGS):
+            self.client.log_batch(run_id, tags=chunk)

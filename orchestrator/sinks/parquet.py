@@ -1,0 +1,317 @@
+"""The Parquet dataset of a sweep: one writer (the driver), any pyarrow filesystem as root.
+
+Layout (hive-partitioned; ``sweep`` and ``trial`` come from the path, not the file)::
+
+    <root>/curves/sweep=S/trial=T/part-<first step:08d>-<last step:08d>.parquet
+    <root>/metrics/sweep=S/trial=T/part-<first step:08d>-<last step:08d>.parquet
+    <root>/trials/sweep=S/trial=T.parquet            (one row, has a ``trial`` column)
+
+Schemas (see docs/parquet_schema.md):
+
+- curves: ``step int64, split string, metric string, value double, wall_time double``
+- metrics: ``step int64, metric string, module string, layer int64, next_layer int64,
+  value double``
+- trials: ``TRIAL_SCHEMA`` (fixed columns) followed by the trial's params as dotted columns
+  (``optim.lr``, ``model.residual.p``; bool/int64/double/string, lists and dicts as JSON
+  strings) and its last reported scalars as slash columns (``val/loss``, ``train/loss``).
+  Param columns differ between trials (conditional params): readers unify schemas.
+
+Atomicity: every file is written to ``_<name>.tmp-<uuid>`` in the same folder and then
+renamed (``fs.move``). The temp name starts with ``_`` (ignored by pyarrow.dataset) and does
+not end in ``.parquet`` (ignored by ``read_parquet('.../*.parquet')`` globs), so readers never
+see a half-written file, even after a crash.
+
+Exactly-once steps: a curve/metrics row is keyed by all its columns but ``value`` and
+``wall_time``. Writing rows whose keys already exist replaces the old rows (the parts that
+overlap the new step range are merged and rewritten). When a trial resumes from a checkpoint
+at step ``s``, ``truncate_after(trial, s)`` drops every row with step > s (the lost
+segment), so the resumed run's rows appear exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+__all__ = [
+    "ParquetSink",
+    "CURVE_SCHEMA",
+    "METRIC_SCHEMA",
+    "TRIAL_SCHEMA",
+    "read_curves",
+    "read_metrics",
+    "read_trials",
+    "resolve_root",
+]
+
+CURVE_SCHEMA = pa.schema(
+    [("step", pa.int64()), ("split", pa.string()), ("metric", pa.string()),
+     ("value", pa.float64()), ("wall_time", pa.float64())]
+)
+METRIC_SCHEMA = pa.schema(
+    [("step", pa.int64()), ("metric", pa.string()), ("module", pa.string()),
+     ("layer", pa.int64()), ("next_layer", pa.int64()), ("value", pa.float64())]
+)
+TRIAL_SCHEMA = pa.schema(
+    [
+        ("trial", pa.string()),
+        ("status", pa.string()),  # running | completed | diverged | failed
+        ("arm", pa.string()),
+        ("seed", pa.int64()),
+        ("last_step", pa.int64()),
+        ("objective", pa.float64()),  # last value of the searcher metric (penalty if diverged)
+        ("final_train_loss", pa.float64()),
+        ("final_val_loss", pa.float64()),
+        ("best_val_loss", pa.float64()),
+        ("divergence_reason", pa.string()),
+        ("divergence_step", pa.int64()),
+        ("divergence_detail", pa.string()),
+        ("started_at", pa.float64()),  # unix seconds (driver clock)
+        ("ended_at", pa.float64()),
+        ("wall_s", pa.float64()),  # ended_at - started_at, seen from the driver
+        ("train_s", pa.float64()),  # from the worker's _timing
+        ("setup_s", pa.float64()),
+        ("overhead_s", pa.float64()),  # wall_s - train_s: orchestration cost
+        ("timing_json", pa.string()),  # the full _timing dict
+        ("node", pa.string()),
+        ("retries", pa.int64()),
+        ("error", pa.string()),
+    ]
+)
+_KINDS = {"curves": CURVE_SCHEMA, "metrics": METRIC_SCHEMA}
+_PART = re.compile(r"^part-(\d{8,})-(\d{8,})\.parquet$")
+_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_PARTITIONING = {
+    "curves": pa.schema([("sweep", pa.string()), ("trial", pa.string())]),
+    "metrics": pa.schema([("sweep", pa.string()), ("trial", pa.string())]),
+    "trials": pa.schema([("sweep", pa.string())]),
+}
+
+
+def resolve_root(root: str) -> tuple[pafs.FileSystem, str]:
+    """A local path (relative is fine) or any pyarrow URI (file://, s3://, gs://, ...)."""
+    if "://" not in root:
+        root = os.path.abspath(root)
+    fs, path = pafs.FileSystem.from_uri(root)
+    return fs, path.rstrip("/")
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not _SAFE.match(value):
+        raise ValueError(f"{kind}={value!r}: use letters, digits, '_', '-', '.' only")
+    return value
+
+
+class ParquetSink:
+    """Writes the curves, metric rows and trial records of one sweep."""
+
+    def __init__(self, root: str, sweep: str) -> None:
+        self.root = root
+        self.sweep = _check_name("sweep", sweep)
+        self.fs, self._base = resolve_root(root)
+        # (kind, trial) -> {file name: (first step, last step)}; this process is the only writer
+        self._parts: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+
+    # --- public ---------------------------------------------------------------------------
+    def write_curve(self, trial_id: str, points: list[dict]) -> None:
+        """Append curve points ``{step, split, metric, value, wall_time}``."""
+        self._write_rows("curves", trial_id, points)
+
+    def write_metrics(self, trial_id: str, rows: list[dict]) -> None:
+        """Append tidy metric rows ``{step, metric, module, layer, next_layer, value}``."""
+        self._write_rows("metrics", trial_id, rows)
+
+    def truncate_after(self, trial_id: str, step: int) -> None:
+        """Drop every curve/metrics row of the trial with step > ``step`` (a resumed trial)."""
+        for kind in _KINDS:
+            parts = self._list_parts(kind, trial_id)
+            for name, (first, last) in sorted(parts.items()):
+                if last <= step:
+                    continue
+                if first <= step:
+                    table = self._read(kind, trial_id, name)
+                    keep = table.filter(pc.less_equal(table["step"], step))
+                    self._write_part(kind, trial_id, keep)
+                self._delete(kind, trial_id, name)
+
+    def write_trial(self, record: dict[str, Any]) -> None:
+        """Write (or overwrite) the one-row record of a trial.
+
+        ``record`` holds ``TRIAL_SCHEMA`` fields (missing ones are null), ``params`` (flat or
+        nested dict -> dotted columns) and ``scalars`` (last reported values -> their keys).
+        """
+        trial = _check_name("trial", str(record["trial"]))
+        cols: dict[str, pa.Array] = {}
+        for f in TRIAL_SCHEMA:
+            cols[f.name] = pa.array([_clean(record.get(f.name), f.type)], type=f.type)
+        extra = dict(_flatten(record.get("params") or {}))
+        extra.update({k: v for k, v in (record.get("scalars") or {}).items() if "/" in k})
+        for key in sorted(extra):
+            if key not in cols:
+                cols[key] = _extra_array(extra[key])
+        folder = f"{self._base}/trials/sweep={self.sweep}"
+        self._atomic_write(pa.table(cols), folder, f"trial={trial}.parquet")
+
+    # --- parts ----------------------------------------------------------------------------
+    def _folder(self, kind: str, trial_id: str) -> str:
+        return f"{self._base}/{kind}/sweep={self.sweep}/trial={trial_id}"
+
+    def _list_parts(self, kind: str, trial_id: str) -> dict[str, tuple[int, int]]:
+        key = (kind, trial_id)
+        if key not in self._parts:
+            sel = pafs.FileSelector(self._folder(kind, trial_id), allow_not_found=True)
+            found = {}
+            for info in self.fs.get_file_info(sel):
+                m = _PART.match(info.base_name)
+                if m and info.type == pafs.FileType.File:
+                    found[info.base_name] = (int(m.group(1)), int(m.group(2)))
+            self._parts[key] = found
+        return self._parts[key]
+
+    def _write_rows(self, kind: str, trial_id: str, rows: list[dict]) -> None:
+        _check_name("trial", trial_id)
+        if not rows:
+            return
+        schema = _KINDS[kind]
+        new = pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows],
+                                   schema=schema)
+        first, last = pc.min_max(new["step"]).values()
+        first, last = first.as_py(), last.as_py()
+        overlapped = [n for n, (a, b) in self._list_parts(kind, trial_id).items()
+                      if b >= first and a <= last]
+        if overlapped:
+            old = pa.concat_tables([self._read(kind, trial_id, n) for n in overlapped])
+            new = pa.concat_tables([_drop_keys(old, new, kind), new])
+        name = self._write_part(kind, trial_id, new)
+        for n in overlapped:
+            if n != name:
+                self._delete(kind, trial_id, n)
+
+    def _write_part(self, kind: str, trial_id: str, table: pa.Table) -> str | None:
+        if table.num_rows == 0:
+            return None
+        table = table.sort_by([("step", "ascending")])
+        first, last = table["step"][0].as_py(), table["step"][-1].as_py()
+        name = f"part-{first:08d}-{last:08d}.parquet"
+        self._atomic_write(table, self._folder(kind, trial_id), name)
+        self._list_parts(kind, trial_id)[name] = (first, last)
+        return name
+
+    def _read(self, kind: str, trial_id: str, name: str) -> pa.Table:
+        # through a file handle: no hive partition columns are added from the path
+        with self.fs.open_input_file(f"{self._folder(kind, trial_id)}/{name}") as f:
+            return pq.read_table(f).select(_KINDS[kind].names).cast(_KINDS[kind])
+
+    def _delete(self, kind: str, trial_id: str, name: str) -> None:
+        self.fs.delete_file(f"{self._folder(kind, trial_id)}/{name}")
+        self._list_parts(kind, trial_id).pop(name, None)
+
+    def _atomic_write(self, table: pa.Table, folder: str, name: str) -> None:
+        self.fs.create_dir(folder, recursive=True)
+        tmp = f"{folder}/_{name}.tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            pq.write_table(table, tmp, filesystem=self.fs)
+            self.fs.move(tmp, f"{folder}/{name}")
+        except BaseException:
+            try:
+                self.fs.delete_file(tmp)
+            except OSError:
+                pass
+            raise
+
+
+# --- row helpers ----------------------------------------------------------------------------
+def _drop_keys(old: pa.Table, new: pa.Table, kind: str) -> pa.Table:
+    """Rows of ``old`` whose key (all columns but value/wall_time) is not in ``new``."""
+    keys = [f.name for f in _KINDS[kind] if f.name not in ("value", "wall_time")]
+    seen = set(zip(*(new[k].to_pylist() for k in keys)))
+    mask = [k not in seen for k in zip(*(old[k].to_pylist() for k in keys))]
+    return old.filter(pa.array(mask, type=pa.bool_()))
+
+
+def _flatten(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _clean(value: Any, typ: pa.DataType) -> Any:
+    if value is None:
+        return None
+    if pa.types.is_string(typ):
+        return value if isinstance(value, str) else json.dumps(value, default=str)
+    if pa.types.is_integer(typ):
+        return int(value)
+    return float(value)
+
+
+def _extra_array(value: Any) -> pa.Array:
+    """One param/scalar: bool, int64, double or string (containers as JSON)."""
+    if value is None:
+        return pa.array([None], type=pa.null())
+    if isinstance(value, bool):
+        return pa.array([value], type=pa.bool_())
+    if isinstance(value, int):
+        return pa.array([value], type=pa.int64())
+    if isinstance(value, float):
+        return pa.array([value], type=pa.float64())
+    if isinstance(value, str):
+        return pa.array([value], type=pa.string())
+    try:  # numpy scalars
+        return _extra_array(value.item())
+    except AttributeError:
+        return pa.array([json.dumps(value, default=str)], type=pa.string())
+
+
+# --- readers --------------------------------------------------------------------------------
+def _dataset(root: str, kind: str, schema: pa.Schema | None) -> ds.Dataset | None:
+    fs, base = resolve_root(root)
+    folder = f"{base}/{kind}"
+    if fs.get_file_info(folder).type != pafs.FileType.Directory:
+        return None
+    part = ds.partitioning(_PARTITIONING[kind], flavor="hive")
+    dset = ds.dataset(folder, format="parquet", filesystem=fs, partitioning=part)
+    if schema is None:  # trials: param columns differ between files
+        phys = [f.physical_schema for f in dset.get_fragments()]
+        if not phys:
+            return None
+        schema = pa.unify_schemas(phys + [_PARTITIONING[kind]], promote_options="permissive")
+    else:
+        schema = pa.unify_schemas([schema, _PARTITIONING[kind]])
+    return ds.dataset(folder, format="parquet", filesystem=fs, partitioning=part, schema=schema)
+
+
+def _read(root: str, kind: str, sweep: str | None, schema: pa.Schema | None) -> pd.DataFrame:
+    dset = _dataset(root, kind, schema)
+    if dset is None:
+        cols = list((schema or TRIAL_SCHEMA).names) + list(_PARTITIONING[kind].names)
+        return pd.DataFrame(columns=cols)
+    filt = None if sweep is None else ds.field("sweep") == sweep
+    return dset.to_table(filter=filt).to_pandas()
+
+
+def read_curves(root: str, sweep: str | None = None) -> pd.DataFrame:
+    """All curve points (columns of CURVE_SCHEMA + sweep, trial)."""
+    return _read(root, "curves", sweep, CURVE_SCHEMA)
+
+
+def read_metrics(root: str, sweep: str | None = None) -> pd.DataFrame:
+    """All metric rows (columns of METRIC_SCHEMA + sweep, trial)."""
+    return _read(root, "metrics", sweep, METRIC_SCHEMA)
+
+
+def read_trials(root: str, sweep: str | None = None) -> pd.DataFrame:
+    """One row per trial: TRIAL_SCHEMA columns, param and scalar columns, sweep."""
+    return _read(root, "trials", sweep, None)
