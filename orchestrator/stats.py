@@ -1,0 +1,154 @@
+"""Small-sample statistics for ablation tables: pure functions of numbers, no I/O.
+
+- ``t_interval``: Student-t confidence interval of a mean over seeds.
+- ``wilson_interval``: Wilson score interval of a rate (divergences / trials); unlike the
+  normal approximation it stays inside [0, 1] and is sensible at k = 0 or k = n.
+- ``holm``: Holm step-down adjustment of p-values (family-wise error over arms).
+- ``paired_difference``: paired t-test of a - b over shared seeds (same data order and init
+  per seed, so pairing removes the seed-to-seed variance shared by both arms).
+- ``spike_count``: loss-spike episodes of one curve.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as st
+
+__all__ = [
+    "PairedResult",
+    "t_interval",
+    "wilson_interval",
+    "holm",
+    "paired_difference",
+    "spike_count",
+]
+
+NAN = float("nan")
+
+
+def _finite(values: Iterable[float]) -> np.ndarray:
+    x = np.asarray(list(values), dtype=float)
+    return x[np.isfinite(x)]
+
+
+def t_interval(values: Iterable[float], conf: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi) of the t-interval over the finite values; n = 1 -> nan bounds.
+
+    Non-finite values (a diverged trial's nan/inf) are dropped: callers pass completed trials
+    and count divergences separately.
+    """
+    x = _finite(values)
+    n = len(x)
+    if n == 0:
+        return NAN, NAN, NAN
+    mean = float(x.mean())
+    if n == 1:
+        return mean, NAN, NAN
+    # half-width by hand so a zero spread gives a zero-width interval (scipy returns nan)
+    half = float(st.t.ppf(0.5 + conf / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    return mean, mean - half, mean + half
+
+
+def wilson_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float, float]:
+    """(k/n, lo, hi) of the Wilson score interval; n = 0 -> (nan, 0, 1), nothing known."""
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"wilson_interval: need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return NAN, 0.0, 1.0
+    z = float(st.norm.ppf(0.5 + conf / 2))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # the bounds are exactly 0 at k = 0 and 1 at k = n; say so rather than round near them
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return p, lo, hi
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the input order; nan stays nan and is not counted.
+
+    Sorted p_(1) <= ... <= p_(m): adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)).
+    """
+    p = np.asarray(list(pvalues), dtype=float)
+    out = np.full(p.shape, NAN)
+    idx = np.flatnonzero(~np.isnan(p))
+    m = len(idx)
+    if m == 0:
+        return out.tolist()
+    order = idx[np.argsort(p[idx], kind="stable")]
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    out[order] = np.maximum.accumulate(scaled)
+    return out.tolist()
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """Paired difference a - b: mean, t-interval, two-sided paired t-test p-value."""
+
+    n: int
+    mean: float
+    lo: float
+    hi: float
+    p: float
+
+
+def _pairs(a, b) -> tuple[np.ndarray, np.ndarray]:
+    if hasattr(a, "to_dict"):  # pandas Series indexed by seed
+        a = a.to_dict()
+    if hasattr(b, "to_dict"):
+        b = b.to_dict()
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        keys = [k for k in a if k in b]
+        x = np.array([a[k] for k in keys], dtype=float)
+        y = np.array([b[k] for k in keys], dtype=float)
+    else:
+        x, y = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
+        if x.shape != y.shape:
+            raise ValueError(f"paired_difference: lengths differ ({len(x)} vs {len(y)})")
+    ok = np.isfinite(x) & np.isfinite(y)
+    return x[ok], y[ok]
+
+
+def paired_difference(a, b, conf: float = 0.95) -> PairedResult:
+    """a - b paired by seed. ``a``/``b``: mappings (or Series) seed -> value, paired on shared
+    keys, or equal-length sequences paired by position. Pairs with a non-finite side drop out.
+    """
+    x, y = _pairs(a, b)
+    d = x - y
+    n = len(d)
+    mean, lo, hi = t_interval(d, conf)
+    if n < 2:
+        return PairedResult(n, mean, lo, hi, NAN)
+    if float(d.std(ddof=1)) == 0.0:  # t is +-inf (or 0/0): the limit of the test
+        return PairedResult(n, mean, lo, hi, 1.0 if mean == 0.0 else 0.0)
+    p = float(st.ttest_rel(x, y).pvalue)
+    return PairedResult(n, mean, lo, hi, p)
+
+
+def spike_count(losses: Iterable[float], factor: float, min_delta: float = 0.0) -> int:
+    """Number of loss-spike episodes in a step-ordered curve.
+
+    Step t spikes when loss_t > factor * m_t and loss_t > m_t + min_delta, with m_t the running
+    minimum of the finite losses before t; a non-finite loss after a finite one also spikes.
+    Consecutive spiking steps form one episode.
+    """
+    if factor <= 1.0:
+        raise ValueError(f"spike_count: factor must be > 1, got {factor}")
+    run_min = math.inf
+    count, inside = 0, False
+    for v in losses:
+        v = float(v)
+        spiking = run_min < math.inf and (
+            not math.isfinite(v) or (v > factor * run_min and v > run_min + min_delta))
+        if spiking and not inside:
+            count += 1
+        inside = spiking
+        if math.isfinite(v):
+            run_min = min(run_min, v)
+    return count
