@@ -1,0 +1,382 @@
+"""Residual-stream families (SCIENCE.md 2.5-2.6): how a block's branches meet the hidden state.
+
+A family is one small ``nn.Module`` with ``enter(x0) -> h``, ``sublayer(k, h, branch) -> h``
+(k = 0 .. 2L-1; even = attention, odd = MLP) and ``exit(h) -> h`` (the final norm), registered
+by name in ``RESIDUALS``. Its own parameters live in its ``Params`` dataclass and are given as
+``{"family": name, **params}``; ``family_params`` validates them. Tensors are (B, T, d).
+``stream.stats()`` always gives the family's scalars (step sizes, radius, DyT alphas); set
+``stream.record_stats = True`` to also keep per-sublayer summaries of the following forwards
+(||h||, beta, theta, norm error). Nothing is recorded, and nothing synchronises, otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from workloads.config import ConfigError
+from workloads.geometry.sphere import sphere_step, theta
+
+__all__ = [
+    "RESIDUALS", "family_params", "make_stream", "ResidualStream",
+    "PreLNParams", "PostLNParams", "PeriLNParams", "PreDyTParams", "KeelParams",
+    "GeoNormParams", "SpheretParams", "LayerNorm", "RMSNorm", "DyT",
+]
+
+Branch = Callable[[Tensor], Tensor]
+
+# --- norms (gain init 1; bias 0 when enabled) ---------------------------------------------
+
+
+class LayerNorm(nn.Module):
+    """nanoGPT's LayerNorm: optional bias, eps 1e-5."""
+
+    def __init__(self, d: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class DyT(nn.Module):
+    """DyT(x) = weight * tanh(alpha x) + bias, scalar alpha (jiachenzhu/DyT dynamic_tanh.py)."""
+
+    def __init__(self, d: int, alpha0: float):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha0)))
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.weight * torch.tanh(self.alpha * x) + self.bias
+
+
+def _up(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
+def _norm(kind: str, d: int, bias: bool) -> nn.Module:
+    return LayerNorm(d, bias) if kind == "layernorm" else RMSNorm(d)
+
+
+# --- family parameters --------------------------------------------------------------------
+
+
+@dataclass
+class PreLNParams:
+    pass
+
+
+@dataclass
+class PostLNParams:
+    pass
+
+
+@dataclass
+class PeriLNParams:
+    embed_ln: bool = False  # also normalise the embedding h0 = LN(x0)
+
+
+@dataclass
+class PreDyTParams:
+    # SCIENCE.md 2.6, d=768 [DESIGN]: attention-norm a0 in {1, 2}; FFN and final 0.5
+    alpha_attn: float = 1.0
+    alpha_ffn: float = 0.5
+    alpha_final: float = 0.5
+    embed_scale: bool = True  # learnable scalar on the embedding, init sqrt(d)
+
+
+@dataclass
+class KeelParams:
+    alpha: Any = "L"  # "L" (n_layer), "2L" (sublayers) or a number > 0
+
+
+@dataclass
+class GeoNormParams:
+    decay: str = "sublayer"  # lambda_k = 1/sqrt(k) over sublayers | block | none
+    radius: str = "learnable"  # ScaleNorm g: learnable scalar init sqrt(d) | fixed sqrt(d)
+    inner_norm: str = "none"  # N_k before the branch: none | rmsnorm (learnable gain)
+    guard: bool = False  # renormalise to r after each retraction
+    _choices: ClassVar[dict] = {
+        "decay": ("sublayer", "block", "none"),
+        "radius": ("learnable", "fixed"),
+        "inner_norm": ("none", "rmsnorm"),
+    }
+
+
+@dataclass
+class SpheretParams(GeoNormParams):
+    p: float = 1.0  # > 0 or inf; 1 = Proj, 2 = Cayley, inf = GeoNorm
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    elif isinstance(default, float):
+        if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
+            value = math.inf
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        value = float(value)
+    return value
+
+
+def _check(key: str, params: Any) -> None:
+    for name, valid in getattr(params, "_choices", {}).items():
+        if getattr(params, name) not in valid:
+            raise ConfigError(f"{key}.{name}: {getattr(params, name)!r} is not one of "
+                              f"{', '.join(valid)}")
+    if isinstance(params, SpheretParams) and not params.p > 0:
+        raise ConfigError(f"{key}.p: must be > 0 (or inf), got {params.p!r}")
+    if isinstance(params, KeelParams):
+        a = params.alpha
+        ok = a in ("L", "2L") or (isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0)
+        if not ok:
+            raise ConfigError(f"{key}.alpha: must be 'L', '2L' or a number > 0, got {a!r}")
+
+
+def family_params(d: dict, key: str = "model.residual") -> Any:
+    """Validate ``{"family": name, **params}``; return the family's Params with defaults filled."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{key}: expected a mapping {{family: name, ...}}, got {d!r}")
+    d = dict(d)
+    name = d.pop("family", None)
+    if not isinstance(name, str) or name not in RESIDUALS:
+        raise ConfigError(f"{key}.family: {name!r} is not one of {', '.join(RESIDUALS)}")
+    cls = RESIDUALS[name].Params
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    for k in d:
+        if k not in fields:
+            valid = ", ".join(fields) or "(none)"
+            raise ConfigError(f"{key}.{k}: not a parameter of family {name!r}; valid: {valid}")
+    params = cls(**{k: _coerce(f"{key}.{k}", v, fields[k]) for k, v in d.items()})
+    _check(key, params)
+    return params
+
+
+# --- streams ------------------------------------------------------------------------------
+
+
+class ResidualStream(nn.Module):
+    """Base: identity entry, ``ln_f`` exit; records mean ||h|| per sublayer when asked."""
+
+    Params: ClassVar[type] = PreLNParams
+
+    def __init__(self, params: Any, d: int, n_layer: int, norm: str, bias: bool):
+        super().__init__()
+        self.params, self.d, self.n_layer = params, d, n_layer
+        self.ln_f = _norm(norm, d, bias)
+        self.record_stats = False
+        self._rec: dict[str, Tensor] = {}
+
+    def enter(self, x0: Tensor) -> Tensor:
+        return x0
+
+    def sublayer(self, k: int, h: Tensor, branch: Branch) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define sublayer")
+
+    def exit(self, h: Tensor) -> Tensor:
+        return self.ln_f(h)
+
+    def stats(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self._rec.items()}
+
+    def _record(self, k: int, h: Tensor) -> Tensor:
+        if self.record_stats:
+            self._rec[f"h_norm/{k}"] = _up(h.detach()).norm(dim=-1).mean()
+        return h
+
+
+class PreLN(ResidualStream):
+    """h <- h + F(LN(h)) (nanoGPT)."""
+
+    Params = PreLNParams
+
+    def __init__(self, params, d, n_layer, norm, bias):
+        super().__init__(params, d, n_layer, norm, bias)
+        self.ln = nn.ModuleList(_norm(norm, d, bias) for _ in range(2 * n_layer))
+
+    def sublayer(self, k, h, branch):
+        return self._record(k, h + branch(self.ln[k](h)))
+
+
+class PostLN(ResidualStream):
+    """h <- LN(h + F(h)); ln_f kept for uniformity."""
+
+    Params = PostLNParams
+
+    def __init__(self, params, d, n_layer, norm, bias):
+        super().__init__(params, d, n_layer, norm, bias)
+        self.ln = nn.ModuleList(_norm(norm, d, bias) for _ in range(2 * n_layer))
+
+    def sublayer(self, k, h, branch):
+        return self._record(k, self.ln[k](h + branch(h)))
+
+
+class PeriLN(ResidualStream):
+    """h <- h + LN_out(F(LN_in(h))); optionally h0 = LN(x0)."""
+
+    Params = PeriLNParams
+
+    def __init__(self, params, d, n_layer, norm, bias):
+        super().__init__(params, d, n_layer, norm, bias)
+        self.ln_in = nn.ModuleList(_norm(norm, d, bias) for _ in range(2 * n_layer))
+        self.ln_out = nn.ModuleList(_norm(norm, d, bias) for _ in range(2 * n_layer))
+        self.ln_emb = _norm(norm, d, bias) if params.embed_ln else None
+
+    def enter(self, x0):
+        return x0 if self.ln_emb is None else self.ln_emb(x0)
+
+    def sublayer(self, k, h, branch):
+        return self._record(k, h + self.ln_out[k](branch(self.ln_in[k](h))))
+
+
+class PreDyT(ResidualStream):
+    """Pre-LN with every norm, ln_f included, replaced by DyT; embedding times a scalar sqrt(d)."""
+
+    Params = PreDyTParams
+
+    def __init__(self, params, d, n_layer, norm, bias):
+        super().__init__(params, d, n_layer, norm, bias)
+        a = (params.alpha_attn, params.alpha_ffn)
+        self.dyt = nn.ModuleList(DyT(d, a[k % 2]) for k in range(2 * n_layer))
+        self.ln_f = DyT(d, params.alpha_final)
+        self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(d))) if params.embed_scale else None
+
+    def enter(self, x0):
+        return x0 if self.embed_scale is None else self.embed_scale * x0
+
+    def sublayer(self, k, h, branch):
+        return self._record(k, h + branch(self.dyt[k](h)))
+
+    def stats(self):
+        out = super().stats()
+        out.update({f"dyt_alpha/{k}": float(m.alpha.detach()) for k, m in enumerate(self.dyt)})
+        return out
+
+
+class Keel(ResidualStream):
+    """h <- RMSNorm_post(alpha h + F(RMSNorm_pre(h))), alpha = L (or 2L); ln_f kept."""
+
+    Params = KeelParams
+
+    def __init__(self, params, d, n_layer, norm, bias):
+        super().__init__(params, d, n_layer, norm, bias)
+        a = params.alpha
+        self.alpha = float({"L": n_layer, "2L": 2 * n_layer}.get(a, a))
+        self.pre = nn.ModuleList(RMSNorm(d) for _ in range(2 * n_layer))
+        self.post = nn.ModuleList(RMSNorm(d) for _ in range(2 * n_layer))
+
+    def sublayer(self, k, h, branch):
+        return self._record(k, self.post[k](self.alpha * h + branch(self.pre[k](h))))
+
+
+class SpheretNorm(ResidualStream):
+    """ScaleNorm entry h = g x0/(||x0|| + eps), then h <- R^(p)_h(a_k P_h(F(N_k(h)))) per sublayer.
+
+    a_k = lambda_k softplus(s_k), s_k init log(e - 1) (so a_k = lambda_k), lambda_k = 1/sqrt(k)
+    for k = 1..2L ("sublayer"), 1/sqrt(block) ("block") or 1 ("none"). ||h|| = g afterwards.
+    """
+
+    Params = SpheretParams
+    eps = 1e-6
+
+    def __init__(self, params, d, n_layer, norm, bias):
+        super().__init__(params, d, n_layer, norm, bias)
+        self.p = float(getattr(params, "p", math.inf))
+        n = 2 * n_layer
+        # lambda_k as Python floats: exact in any dtype, and no buffer indexing per sublayer
+        blk = [math.ceil(k / 2) for k in range(1, n + 1)]
+        self.lam = {"sublayer": [k**-0.5 for k in range(1, n + 1)],
+                    "block": [b**-0.5 for b in blk], "none": [1.0] * n}[params.decay]
+        self.s = nn.Parameter(torch.full((n,), math.log(math.e - 1.0)))
+        g = torch.tensor(math.sqrt(d))
+        if params.radius == "learnable":
+            self.g = nn.Parameter(g)
+        else:
+            self.register_buffer("g", g)
+        self.inner = (nn.ModuleList(RMSNorm(d) for _ in range(n))
+                      if params.inner_norm == "rmsnorm" else None)
+
+    def step_sizes(self) -> Tensor:
+        """a_k for k = 0 .. 2L-1, shape (2L,)."""
+        return self.s.new_tensor(self.lam) * F.softplus(self.s)
+
+    def enter(self, x0):
+        return self.g * x0 / (x0.norm(dim=-1, keepdim=True) + self.eps)
+
+    def sublayer(self, k, h, branch):
+        u = branch(h if self.inner is None else self.inner[k](h))
+        a = self.lam[k] * F.softplus(self.s[k])
+        h_new, beta2 = sphere_step(h, u, a, self.p)
+        if self.params.guard or self.record_stats:
+            hh = (_up(h) ** 2).sum(-1, keepdim=True)
+            ratio = ((_up(h_new) ** 2).sum(-1, keepdim=True) / hh).sqrt()  # ||h_new|| / r
+            if self.record_stats:
+                self._record_sphere(k, beta2, ratio)
+            if self.params.guard:
+                h_new = h_new / ratio.to(h_new.dtype)
+        return h_new
+
+    def _record_sphere(self, k: int, beta2: Tensor, ratio: Tensor) -> None:
+        b2 = beta2.detach().flatten()
+        th = theta(b2, self.p)
+        rec = self._rec
+        rec[f"beta_mean/{k}"] = b2.clamp_min(0).sqrt().mean()
+        rec[f"theta_mean/{k}"] = th.mean()
+        rec[f"theta_p95/{k}"] = torch.quantile(th, 0.95)
+        rec[f"frac_beta_gt_half_pi/{k}"] = (b2 > (math.pi / 2) ** 2).float().mean()
+        err = (ratio.detach() - 1).abs().max()
+        rec["norm_err"] = torch.maximum(rec.get("norm_err", err), err) if k else err
+
+    def stats(self):
+        out = super().stats()
+        out["radius"] = float(self.g.detach())
+        out.update({f"a/{k}": float(a) for k, a in enumerate(self.step_sizes().detach())})
+        return out
+
+
+class GeoNorm(SpheretNorm):
+    """SpheretNorm with p = inf (the exponential map); same ScaleNorm and step decay."""
+
+    Params = GeoNormParams
+
+
+RESIDUALS: dict[str, type[ResidualStream]] = {
+    "pre_ln": PreLN,
+    "post_ln": PostLN,
+    "peri_ln": PeriLN,
+    "pre_dyt": PreDyT,
+    "keel": Keel,
+    "geonorm": GeoNorm,
+    "spheret": SpheretNorm,
+}
+
+
+def make_stream(residual: dict, d: int, n_layer: int, norm: str = "layernorm",
+                bias: bool = False) -> ResidualStream:
+    """Build the family named by ``residual["family"]``; norm is "layernorm" or "rmsnorm"."""
+    params = family_params(residual)
+    if norm not in ("layernorm", "rmsnorm"):
+        raise ConfigError(f"norm: {norm!r} is not one of layernorm, rmsnorm")
+    return RESIDUALS[residual["family"]](params, d, n_layer, norm, bias)
