@@ -1,0 +1,409 @@
+"""``MetricsCollector``: continuity (SCIENCE 4.3) and instability (3.5) metrics during training.
+
+The loop calls ``after_backward(step)`` after every backward (grads final, before the optimizer
+step) and ``collect(step, exact_svd)`` every ``train.metrics_every`` steps (grads may already be
+zeroed: everything gradient-based is taken in ``after_backward``). ``collect`` returns tidy rows
+(docs/contracts.md) and a few summary scalars.
+
+Matrices of one role are stacked over layers, (L, m, n), so each metric is one batched call.
+GPT's fused ``c_attn`` (rows [Q; K; V]) is split into roles q, k, v; io matrices are skipped.
+
+Row names (``metric``); pair rows have ``next_layer = layer + 1``, per-layer rows ``-1``:
+- ``{src}.top1_{v|u}``  M1 |cos| of the top singular vectors, src in w (weights), dw (W - W0),
+  cg (cumulative gradient); ``base.top1_{v|u}`` the random baseline sqrt(2/(pi n)).
+  ``RESIDUAL_SIDES[role]`` says which side is the residual stream (the rest is the control).
+- ``{src}.sub{k}_{v|u}``  M2 top-k overlap (k < min(m, n)); ``base.sub{k}_{v|u}`` = k/n.
+- ``{src}.gram_{in|out}`` and ``..._c`` (isotropy-centred)  M3.
+- ``g.coh`` (last step) and ``g.coh_mean`` (mean since the previous collect)  M5 instantaneous;
+  ``cg.coh``, ``dw.coh`` cumulative / update coherence. The first collect also returns
+  ``g.coh`` rows at step 0 (coherence at initialisation).
+- per layer: ``w.s1_s2``, ``w.sigma_max``, ``w.fro``, ``w.sigma_growth`` (s1 / s1 at init),
+  ``w.rel_change_fro``, ``w.rel_change_spec`` (M6), ``w.ritz_res`` (cheap path only).
+- ``inst.*`` (module ``attn``, per layer): ``kappa_max``, ``kappa_rope_max``, ``max_logit``,
+  ``logit_rms``, ``row_range``, ``sat_0p9``, ``sat_0p99``, ``entropy_mean``, ``entropy_min``,
+  ``jacobian_fro``; per managed matrix (module = its role, ``qkv`` fused):
+  ``stiefel_viol``, ``dgram_viol``, ``colnorm_spread``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from workloads.metrics import continuity as C
+from workloads.metrics import instability as I
+
+__all__ = ["MetricsCollector", "RESIDUAL_SIDES", "STACKED_ROLES"]
+
+# Which singular-vector side reads/writes the residual stream (SCIENCE 4.2); the other is the
+# hidden-side control. The toy MLP's hidden matrices map stream to stream: both sides count.
+RESIDUAL_SIDES: dict[str, str] = {
+    "q": "v", "k": "v", "v": "v", "gate": "v", "up": "v", "fc": "v",
+    "o": "u", "down": "u", "proj": "u", "hidden": "vu",
+}
+STACKED_ROLES = frozenset(RESIDUAL_SIDES) | {"qkv"}
+_SOURCES = ("w", "dw", "cg")
+
+
+class _ProbeDone(Exception):
+    pass
+
+
+@dataclass
+class _Group:
+    """One role stacked over layers; ``rows`` slices a fused parameter (qkv)."""
+
+    label: str
+    layers: list[int]
+    params: list[nn.Parameter]
+    rows: slice | None = None
+
+    def weights(self) -> Tensor:  # (L, m, n) fp32
+        return torch.stack([C.as_float(self._cut(p.detach())) for p in self.params])
+
+    def grads(self) -> list[Tensor] | None:
+        if any(p.grad is None for p in self.params):
+            return None
+        return [self._cut(p.grad) for p in self.params]
+
+    def _cut(self, t: Tensor) -> Tensor:
+        return t if self.rows is None else t[self.rows]
+
+    def pairs(self) -> list[int]:
+        """Indices i with layers[i + 1] == layers[i] + 1 (adjacent layers)."""
+        return [i for i in range(len(self.layers) - 1) if self.layers[i + 1] == self.layers[i] + 1]
+
+
+def _build_groups(roles: list) -> list[_Group]:
+    by_key: dict[tuple[str, str], list] = {}
+    for mr in roles:
+        if mr.role in STACKED_ROLES and mr.param.dim() == 2:
+            by_key.setdefault((mr.role, mr.kind), []).append(mr)
+    role_count: dict[str, int] = {}
+    for role, _ in by_key:
+        role_count[role] = role_count.get(role, 0) + 1
+    groups = []
+    for (role, kind), mrs in by_key.items():
+        mrs = sorted(mrs, key=lambda mr: mr.layer)
+        layers, params = [mr.layer for mr in mrs], [mr.param for mr in mrs]
+        if role == "qkv":
+            d = params[0].shape[0] // 3
+            for j, r in enumerate("qkv"):
+                groups.append(_Group(r, layers, params, slice(j * d, (j + 1) * d)))
+        else:
+            label = role if role_count[role] == 1 else f"{kind}_{role}"
+            groups.append(_Group(label, layers, params))
+    return groups
+
+
+class MetricsCollector:
+    """Continuity and instability metrics of one model; see the module docstring for names."""
+
+    warm_iters = 6  # subspace iterations of the cheap path from the previous collect's vectors
+
+    def __init__(self, model: nn.Module, metrics_cfg: Any, probe_batch: Tensor | None = None,
+                 optimizers: Any = None) -> None:
+        self.model, self.cfg, self.probe = model, metrics_cfg, probe_batch
+        self.optimizers = optimizers
+        self.roles = list(model.matrix_roles())
+        self.groups = [g for g in _build_groups(self.roles) if len(g.params) > 0]
+        self.coherence = bool(getattr(metrics_cfg, "coherence", True))
+        self.instability = bool(getattr(metrics_cfg, "instability", True))
+        self.topk = sorted({int(k) for k in getattr(metrics_cfg, "topk", [1, 4, 16]) if k >= 1})
+        with torch.no_grad():
+            self.W0 = {g.label: g.weights() for g in self.groups}
+            self.sigma0 = {lab: I.sigma_max(w) for lab, w in self.W0.items()}
+        self.cum = {g.label: torch.zeros_like(self.W0[g.label]) for g in self.groups}
+        self.warm: dict[str, Tensor] = {}
+        self._views: dict[str, list[Tensor]] = {}
+        self._sigma: dict[str, Tensor] = {}  # label -> (L,) s1 of the weights, last collect
+        self.coh_last: dict[str, Tensor] = {}
+        self.coh_sum: dict[str, Tensor] = {}
+        self.coh_init: dict[str, Tensor] | None = None
+        self.coh_count = 0
+        self.n_backward = 0
+        self._gen = torch.Generator().manual_seed(0)
+
+    # --- every step ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def after_backward(self, step: int) -> None:
+        """Accumulate C_l += G_l and the instantaneous coherence cos_F(G_l, G_l+1) (M5, k = 1).
+
+        O(params) with no copies and no device sync: one fused add and one fused norm over
+        every tracked gradient, and one dot product per adjacent pair.
+        """
+        if not self.coherence:
+            return
+        views: list[Tensor] = []
+        grads: list[Tensor] = []
+        spans: list[tuple[_Group, int]] = []
+        for g in self.groups:
+            gr = g.grads()
+            if gr is None:
+                continue
+            spans.append((g, len(grads)))
+            views += self._cum_views(g.label)
+            grads += [x if x.dtype == torch.float32 else x.float() for x in gr]
+        if not grads:
+            return
+        torch._foreach_add_(views, grads)
+        norms = torch._foreach_norm(grads)
+        for g, start in spans:
+            L = len(g.params)
+            if L < 2:
+                continue
+            gr = grads[start:start + L]
+            dots = torch.stack([torch.dot(gr[i].reshape(-1), gr[i + 1].reshape(-1))
+                                for i in range(L - 1)])
+            nrm = torch.stack(norms[start:start + L])
+            coh = dots / (nrm[:-1] * nrm[1:]).clamp_min(1e-30)  # (L-1,), on device: no sync
+            self.coh_last[g.label] = coh
+            self.coh_sum[g.label] = self.coh_sum.get(g.label, 0) + coh
+        self.coh_count += 1
+        if self.n_backward == 0 and step == 0:
+            self.coh_init = {k: v.clone() for k, v in self.coh_last.items()}
+        self.n_backward += 1
+
+    def _cum_views(self, label: str) -> list[Tensor]:
+        """Per-layer views of the (L, m, n) cumulative-gradient buffer (rebuilt after a load)."""
+        buf = self.cum[label]
+        views = self._views.get(label)
+        if views is None or views[0]._base is not buf:
+            views = self._views[label] = list(buf.unbind(0))
+        return views
+
+    # --- every metrics_every steps -------------------------------------------------------
+
+    @torch.no_grad()
+    def collect(self, step: int, exact_svd: bool = True) -> tuple[list[dict], dict[str, float]]:
+        """Rows and summary scalars at ``step``; M1/M2 by exact batched SVD or, when
+        ``exact_svd`` is False, by warm-started subspace iteration (SCIENCE 4.4.3)."""
+        t0 = time.perf_counter()
+        out: list[tuple[str, str, list[int], bool, Tensor]] = []  # values aligned to layers
+        for g in self.groups:
+            self._continuity(g, exact_svd, out)
+        rows = self._rows(step, out)
+        if self.coh_init is not None and step != 0:  # at step 0 the rows above are these
+            init: list = []
+            self._coherence_rows(self.coh_init, None, init)
+            rows += self._rows(0, init)
+        self.coh_init = None
+        inst_rows, inst_scalars = self._instability(step) if self.instability else ([], {})
+        rows += inst_rows
+        self.coh_sum, self.coh_count = {}, 0
+        scalars = self._summary(rows, step)
+        scalars.update(inst_scalars)
+        scalars["cont/svd_exact"] = float(exact_svd)
+        stats = getattr(self.optimizers, "stats", None)
+        if callable(stats):
+            scalars.update({f"optim/{k}": float(v) for k, v in stats().items()})
+        scalars["metrics/time_s"] = time.perf_counter() - t0
+        return rows, scalars
+
+    def _continuity(self, g: _Group, exact: bool, out: list) -> None:
+        W = g.weights()  # (L, m, n)
+        L, m, n = W.shape
+        pairs = g.pairs()
+        a, b = pairs, [i + 1 for i in pairs]  # stack indices of the pair members
+        lay = [g.layers[i] for i in pairs]
+
+        def pair(name: str, values: Tensor) -> None:
+            if pairs:
+                out.append((name, g.label, lay, True, values))
+
+        def layer(name: str, values: Tensor) -> None:
+            out.append((name, g.label, list(g.layers), False, values))
+
+        ks = [k for k in self.topk if k < min(m, n)]
+        kk = min(max([2, *ks]), min(m, n))
+        sources = {"w": W, "dw": W - self.W0[g.label]}
+        if self.coherence:
+            sources["cg"] = self.cum[g.label]
+        for src, X in sources.items():
+            if src != "w" and not bool((X != 0).any()):
+                continue  # no update / no gradient yet: singular vectors undefined
+            key = f"{src}.{g.label}"
+            if exact:
+                U, S, V = C.top_singular(X, min(kk + 4, m, n))  # q columns: the warm start
+                self.warm[key] = V
+                U, S, V = U[..., :kk], S[..., :kk], V[..., :kk]
+            else:
+                warm = key in self.warm
+                U, S, V, Vq, res = C.subspace_iteration(
+                    X, kk, self.warm.get(key), max_iters=self.warm_iters if warm else 30,
+                    check_every=2, generator=self._gen)
+                self.warm[key] = Vq
+                if src == "w":
+                    layer("w.ritz_res", res.amax(-1))
+            if pairs:
+                for side, Y in (("v", V), ("u", U)):
+                    # (P, kk, kk) cosines between adjacent layers' singular vectors: M1 is
+                    # |M_00| (C.top1_continuity), M2 is ||M[:k, :k]||^2 / k (C.subspace_overlap)
+                    M = Y[a].mT @ Y[b]
+                    pair(f"{src}.top1_{side}", M[:, 0, 0].abs())
+                    for k in ks:
+                        pair(f"{src}.sub{k}_{side}", M[:, :k, :k].pow(2).sum((-2, -1)) / k)
+                for name, vals in C.gram_alignment_adjacent(X).items():
+                    pair(f"{src}.gram_{name}", vals[a])
+                if src != "w":
+                    pair(f"{src}.coh", C.cosine_frobenius(X[a], X[b]))
+            if src == "w":
+                self._sigma[g.label] = S[:, 0]
+                layer("w.sigma_max", S[:, 0])
+                layer("w.s1_s2", S[:, 0] / S[:, 1].clamp_min(1e-30))
+                layer("w.fro", W.norm(dim=(-2, -1)))
+                layer("w.sigma_growth", S[:, 0] / self.sigma0[g.label])
+                layer("w.rel_change_fro", C.relative_change(W, self.W0[g.label], False)[0])
+            if src == "dw":
+                layer("w.rel_change_spec", S[:, 0] / self.sigma0[g.label])
+        one = torch.ones(len(pairs))
+        pair("base.top1_v", one * C.random_baseline_top1(n))
+        pair("base.top1_u", one * C.random_baseline_top1(m))
+        for k in ks:
+            pair(f"base.sub{k}_v", one * C.random_baseline_subspace(k, n))
+            pair(f"base.sub{k}_u", one * C.random_baseline_subspace(k, m))
+        self._coherence_rows(self.coh_last, self.coh_sum, out, only=g)
+
+    def _coherence_rows(self, last: dict, total: dict | None, out: list,
+                        only: _Group | None = None) -> None:
+        for g in self.groups if only is None else [only]:
+            if g.label not in last:
+                continue
+            pairs = g.pairs()
+            lay = [g.layers[i] for i in pairs]
+            out.append(("g.coh", g.label, lay, True, last[g.label][pairs]))
+            if total is not None and g.label in total and self.coh_count:
+                mean = total[g.label][pairs] / self.coh_count
+                out.append(("g.coh_mean", g.label, lay, True, mean))
+
+    @staticmethod
+    def _rows(step: int, out: list) -> list[dict]:
+        rows = []
+        for metric, module, layers, pair, values in out:
+            for layer, v in zip(layers, values.detach().float().cpu().tolist()):
+                rows.append({"step": step, "metric": metric, "module": module, "layer": layer,
+                             "next_layer": layer + 1 if pair else -1, "value": float(v)})
+        return rows
+
+    def _summary(self, rows: list[dict], step: int) -> dict[str, float]:
+        def mean(xs: list[float]) -> float:  # NaN when empty
+            return sum(xs) / len(xs) if xs else float("nan")
+
+        resid, ctrl, gcoh, ccoh, rel = [], [], [], [], []
+        for r in rows:
+            if r["step"] != step:
+                continue
+            name, mod = r["metric"], r["module"]
+            side = RESIDUAL_SIDES.get(mod.split("_")[-1], "")
+            if name in ("w.top1_v", "w.top1_u"):
+                (resid if name[-1] in side else ctrl).append(r["value"])
+            elif name == "g.coh_mean":
+                gcoh.append(r["value"])
+            elif name == "cg.coh":
+                ccoh.append(r["value"])
+            elif name == "w.rel_change_fro":
+                rel.append(r["value"])
+        out = {"cont/v1_mean": mean(resid), "cont/ctrl_mean": mean(ctrl),
+               "cont/grad_coherence_mean": mean(gcoh), "cont/cgrad_coherence_mean": mean(ccoh),
+               "cont/rel_change_mean": mean(rel)}
+        return {k: v for k, v in out.items() if v == v}  # drop empty (NaN) means
+
+    # --- instability (SCIENCE 3.5) -------------------------------------------------------
+
+    def _attn_modules(self) -> list[nn.Module]:
+        blocks = getattr(self.model, "blocks", None)
+        if blocks is None:
+            return []
+        return [b.attn for b in blocks if hasattr(getattr(b, "attn", None), "scores")]
+
+    def _probe_inputs(self, attns: list[nn.Module]) -> list[Tensor]:
+        """Each attention module's branch input x (B, T, C) on the probe batch (one forward)."""
+        captured: dict[int, Tensor] = {}
+
+        def hook(i: int):
+            def fn(_mod, args, kwargs):
+                captured.setdefault(i, args[0] if args else kwargs["x"])
+            return fn
+
+        def stop(_mod, _args, _kwargs):
+            raise _ProbeDone  # every input captured: skip the rest of the forward (lm_head)
+
+        handles = [a.register_forward_pre_hook(hook(i), with_kwargs=True)
+                   for i, a in enumerate(attns)]
+        handles.append(attns[-1].register_forward_pre_hook(stop, with_kwargs=True))
+        was_training = self.model.training
+        try:
+            self.model.eval()
+            self.model(self.probe)
+        except _ProbeDone:
+            pass
+        finally:
+            self.model.train(was_training)
+            for h in handles:
+                h.remove()
+        return [captured[i] for i in range(len(attns))]
+
+    def _instability(self, step: int) -> tuple[list[dict], dict[str, float]]:
+        out: list = []
+        scalars: dict[str, float] = {}
+        for mr in self.roles:  # constraint health of every managed matrix, as stored
+            if mr.role in STACKED_ROLES and mr.param.dim() == 2:
+                W = mr.param.detach()
+                for name, fn in (("stiefel_viol", I.stiefel_violation),
+                                 ("dgram_viol", I.dgram_violation),
+                                 ("colnorm_spread", I.column_norm_spread)):
+                    out.append((f"inst.{name}", mr.role, [mr.layer], False, fn(W).reshape(1)))
+        attns = self._attn_modules()
+        groups = {g.label: g for g in self.groups}
+        if attns and "q" in groups and "k" in groups:
+            Wq, Wk = groups["q"].weights(), groups["k"].weights()
+            n_head = int(getattr(attns[0], "n_head", 0) or 0)
+            lay = groups["q"].layers
+            for r in "qkv":  # from this collect's top singular values (exact or cheap path)
+                if r in self._sigma:
+                    scalars[f"inst/sigma_max_{r}"] = float(self._sigma[r].max())
+            if n_head:
+                kappa = I.head_logit_bound(Wq, Wk, n_head).amax(-1)
+                out.append(("inst.kappa_max", "attn", lay, False, kappa))
+                out.append(("inst.kappa_rope_max", "attn", lay, False,
+                            I.head_logit_bound_rope(Wq, Wk, n_head).amax(-1)))
+                scalars["inst/kappa_max"] = float(kappa.max())
+        if attns and self.probe is not None:
+            xs = self._probe_inputs(attns)
+            stats = [I.attention_stats(a.scores(x)) for a, x in zip(attns, xs)]
+            layers = list(range(len(attns)))
+            for key, name in (("max_abs", "max_logit"), ("rms", "logit_rms"),
+                              ("row_range", "row_range"), ("sat_0p9", "sat_0p9"),
+                              ("sat_0p99", "sat_0p99"), ("entropy_mean", "entropy_mean"),
+                              ("entropy_min", "entropy_min"), ("jacobian_fro", "jacobian_fro")):
+                vals = torch.stack([s[key] for s in stats])
+                out.append((f"inst.{name}", "attn", layers, False, vals))
+                agg = vals.min() if name.startswith("entropy") else vals.max()
+                scalars[f"inst/{name}"] = float(agg)
+        return self._rows(step, out), scalars
+
+    # --- checkpointing -------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"W0": self.W0, "sigma0": self.sigma0, "cum": self.cum, "warm": self.warm,
+                "coh_last": self.coh_last, "coh_sum": self.coh_sum, "coh_count": self.coh_count,
+                "coh_init": self.coh_init, "n_backward": self.n_backward}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = next(iter(self.W0.values())).device if self.W0 else torch.device("cpu")
+
+        def move(d: dict) -> dict:
+            return {k: v.to(device) for k, v in d.items()}
+
+        self.W0, self.sigma0 = move(state["W0"]), move(state["sigma0"])
+        self.cum = move(state["cum"])
+        self.warm, self.coh_last = move(state["warm"]), move(state["coh_last"])
+        self.coh_sum = move(state["coh_sum"])
+        self.coh_count, self.n_backward = state["coh_count"], state["n_backward"]
+        init = state.get("coh_init")
+        self.coh_init = move(init) if init is not None else None
