@@ -1,0 +1,226 @@
+"""Build the optimizers of a run: AdamW for everything, or Muon for the hidden matrices + AdamW.
+
+``optim.name == "adamw"``: one AdamW, weight decay on >= 2-d params (nanoGPT).
+``optim.name == "muon"``: the matrices of ``model.matrix_roles()`` whose role is in
+``MUON_ROLES`` go to ``Muon`` (grouped by constraint); embeddings, lm_head / io matrices, norm
+gains, biases, scalars and ``stream.*`` stay on AdamW. Every trainable parameter lands in
+exactly one group, and ``assert_partition`` checks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workloads.config import ConfigError, OptimConfig
+from workloads.geometry.dgram import dgram_retract
+from workloads.geometry.stiefel import stiefel_retract
+from workloads.optim.assignment import MUON_ROLES, matrix_kind, resolve_assignment
+from workloads.optim.muon import Muon
+
+__all__ = [
+    "ManagedMatrix",
+    "Optimizers",
+    "OptimizerGroupError",
+    "assert_partition",
+    "build_optimizers",
+]
+
+
+class OptimizerGroupError(RuntimeError):
+    """A trainable parameter is in no optimizer group, or in more than one."""
+
+
+@dataclass(frozen=True)
+class ManagedMatrix:
+    """A Muon-managed matrix: its constraint and whether it is stepped transposed (wide)."""
+
+    name: str
+    role: str
+    layer: int
+    kind: str
+    constraint: str
+    shape: tuple[int, int]
+    transposed: bool
+
+
+@dataclass
+class Optimizers:
+    """What the loop steps: ``set_lr(lr_t)`` each step, then ``step()`` and ``zero_grad()``."""
+
+    adamw: torch.optim.AdamW | None
+    muon: Muon | None
+    base_lr: float
+    muon_lr: float
+    managed: dict[str, ManagedMatrix] = field(default_factory=dict)
+
+    def _all(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (self.adamw, self.muon) if o is not None]
+
+    def set_lr(self, lr_t: float) -> None:
+        """AdamW gets lr_t; Muon follows the same schedule: lr_t * muon.lr / optim.lr."""
+        if self.adamw is not None:
+            for g in self.adamw.param_groups:
+                g["lr"] = lr_t
+        if self.muon is not None:
+            for g in self.muon.param_groups:
+                g["lr"] = lr_t * self.muon_lr / self.base_lr
+
+    def step(self) -> None:
+        for o in self._all():
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self._all():
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "adamw": self.adamw.state_dict() if self.adamw is not None else None,
+            "muon": self.muon.state_dict() if self.muon is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, opt in (("adamw", self.adamw), ("muon", self.muon)):
+            if (opt is None) != (state.get(key) is None):
+                raise ValueError(f"optimizer state has {key}={state.get(key) is not None}, "
+                                 f"this run has {opt is not None}")
+            if opt is not None:
+                opt.load_state_dict(state[key])
+
+    @property
+    def constraints(self) -> dict[str, str]:
+        return {name: m.constraint for name, m in self.managed.items()}
+
+    def health(self) -> dict[str, dict[str, float]]:
+        """Per manifold matrix (after its first step): last dual residual ||H||_F / n and
+        retraction displacement ||R(W') - W'||_F / ||W'||_F (SCIENCE.md 3.5, item 7)."""
+        if self.muon is None:
+            return {}
+        names, vals = [], []
+        for group in self.muon.param_groups:
+            for name, p in zip(group["names"], group["params"]):
+                st = self.muon.state.get(p, {})
+                if "dual_residual" in st:
+                    names.append(name)
+                    vals.append(torch.stack([st["dual_residual"], st["retraction_displacement"]]))
+        if not vals:
+            return {}
+        rows = torch.stack(vals).float().cpu().tolist()  # one host sync for all matrices
+        return {
+            n: {"constraint": self.managed[n].constraint if n in self.managed else "",
+                "dual_residual": r[0], "retraction_displacement": r[1]}
+            for n, r in zip(names, rows)
+        }
+
+    def stats(self) -> dict[str, float]:
+        """``health()`` flattened for scalar logging (the metrics collector prefixes ``optim/``):
+        ``dual_residual/<name>``, ``retraction_displacement/<name>`` and their ``_max``."""
+        out: dict[str, float] = {}
+        for name, row in self.health().items():
+            for key in ("dual_residual", "retraction_displacement"):
+                out[f"{key}/{name}"] = row[key]
+                out[f"{key}_max"] = max(out.get(f"{key}_max", 0.0), row[key])
+        return out
+
+
+def assert_partition(named: dict[str, nn.Parameter], groups: Iterable[Iterable[Any]]) -> None:
+    """Raise ``OptimizerGroupError`` unless every parameter of ``named`` is in exactly one group
+    and the groups hold nothing else."""
+    count: dict[int, int] = {id(p): 0 for p in named.values()}
+    foreign = 0
+    for group in groups:
+        for p in group:
+            if id(p) in count:
+                count[id(p)] += 1
+            else:
+                foreign += 1
+    name_of = {id(p): n for n, p in named.items()}
+    missing = [name_of[i] for i, c in count.items() if c == 0]
+    twice = [name_of[i] for i, c in count.items() if c > 1]
+    if missing or twice or foreign:
+        raise OptimizerGroupError(
+            f"optimizer groups must partition the trainable parameters: missing {missing}, "
+            f"in several groups {twice}, {foreign} parameter(s) not in the model"
+        )
+
+
+def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
+    # named_parameters() already yields a tied parameter (wte / lm_head) once.
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _retract(W: torch.Tensor, constraint: str, dgram_retraction: str, exact: bool) -> torch.Tensor:
+    transposed = W.shape[-2] < W.shape[-1]
+    T = W.mT if transposed else W
+    if constraint == "stiefel":
+        T = stiefel_retract(T, "svd" if exact else "msign")
+    else:
+        T = dgram_retract(T, dgram_retraction, "svd" if exact else "polar_express")
+    return T.mT if transposed else T
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
+    """AdamW (+ Muon over the hidden matrices when ``cfg.name == "muon"``) for ``model``."""
+    if cfg.name not in ("adamw", "muon"):
+        raise ConfigError(f"optim.name: {cfg.name!r} is not one of adamw, muon")
+    named = _trainable(model)
+    mu, mf = cfg.muon, cfg.manifold
+    managed: dict[str, ManagedMatrix] = {}
+    muon_groups: list[dict[str, Any]] = []
+    if cfg.name == "muon":
+        if mf.dual_steps < 1:
+            raise ConfigError(f"optim.manifold.dual_steps: must be >= 1, got {mf.dual_steps!r}")
+        trainable_ids = {id(p) for p in named.values()}
+        roles = [r for r in model.matrix_roles()
+                 if r.role in MUON_ROLES and id(r.param) in trainable_ids]
+        constraints = resolve_assignment(roles, mf.assignment)
+        for r in roles:
+            if r.param.ndim != 2:
+                raise ValueError(f"{r.name}: role {r.role!r} must be a 2-d matrix, "
+                                 f"got shape {tuple(r.param.shape)}")
+            m, n = r.param.shape
+            managed[r.name] = ManagedMatrix(r.name, r.role, r.layer, matrix_kind(r),
+                                            constraints[r.name], (m, n), m < n)
+        for c in ("none", "stiefel", "dgram"):
+            members = [r for r in roles if constraints[r.name] == c]
+            if members:
+                muon_groups.append({
+                    "params": [r.param for r in members], "names": [r.name for r in members],
+                    "constraint": c, "weight_decay": mu.weight_decay if c == "none" else 0.0,
+                })
+    muon_ids = {id(p) for g in muon_groups for p in g["params"]}
+    rest = [p for p in named.values() if id(p) not in muon_ids]
+    adam_groups = [
+        {"params": [p for p in rest if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    adam_groups = [g for g in adam_groups if g["params"]]
+    assert_partition(named, [g["params"] for g in adam_groups + muon_groups])
+
+    fused = bool(rest) and all(p.is_cuda for p in rest)
+    adamw = (torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                               eps=cfg.eps, fused=fused or None) if adam_groups else None)
+    muon = None
+    if muon_groups:
+        muon = Muon(
+            muon_groups, lr=mu.lr, momentum=mu.momentum, nesterov=mu.nesterov,
+            momentum_form=mu.momentum_form, msign=mu.msign, shape_scale=mu.shape_scale,
+            dual_steps=mf.dual_steps, dual_lr=mf.dual_lr, dual_tol=mf.dual_tol,
+            dgram_retraction=mf.dgram_retraction,
+        )
+    # --- init_on_manifold: start every constrained matrix on its manifold (Paper B) ----------
+    if muon is not None and mf.init_on_manifold:
+        with torch.no_grad():
+            for g in muon.param_groups:
+                if g["constraint"] == "none":
+                    continue
+                for p in g["params"]:
+                    W = _retract(p.float(), g["constraint"], mf.dgram_retraction,
+                                 mu.msign == "svd")
+                    p.copy_(W.to(p.dtype))
+    return Optimizers(adamw, muon, cfg.lr, mu.lr, managed)

@@ -1,0 +1,173 @@
+"""Muon and Manifold Muon for the hidden matrices; SCIENCE.md 3.1-3.4.
+
+One optimizer class; every param group carries a ``constraint``:
+
+- ``none``: Muon, W <- (1 - eta wd) W - eta s msign(G~) (Paper B's UNCONSTRAINED arm; s = 1, or
+  sqrt(max(1, m/n)) with ``shape_scale`` as in Keller Jordan's Muon);
+- ``stiefel`` / ``dgram``: Manifold Muon in tall form (wide matrices transposed), A from the
+  Gram-space dual ascent, W' = W - eta A, then the retraction; no weight decay.
+
+Same-shape matrices of a group are stacked and updated as one batch (..., m, n): the math is the
+per-matrix math, with ~1/B the kernel launches. The pure functions do the math; the class loops.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from workloads.geometry.dgram import dgram_dualize, dgram_retract
+from workloads.geometry.msign import msign
+from workloads.geometry.stiefel import stiefel_dualize, stiefel_retract
+
+__all__ = ["Muon", "muon_direction", "muon_update", "manifold_muon_step"]
+
+
+def muon_direction(
+    buf: torch.Tensor, g: torch.Tensor, momentum: float, nesterov: bool, form: str
+) -> torch.Tensor:
+    """Update the momentum ``buf`` in place from gradient ``g``; return the direction G~.
+
+    ``sum`` (Paper B): B <- mu B + g, G~ = g + mu B.
+    ``ema`` (Keller Jordan): M <- mu M + (1 - mu) g, G~ = (1 - mu) g + mu M.
+    Without Nesterov, G~ is the buffer itself.
+    """
+    if form == "sum":
+        buf.mul_(momentum).add_(g)
+        return g + momentum * buf if nesterov else buf.clone()
+    if form == "ema":
+        buf.lerp_(g, 1.0 - momentum)
+        return g.lerp(buf, momentum) if nesterov else buf.clone()
+    raise ValueError(f"momentum form {form!r} is not one of sum, ema")
+
+
+def muon_update(d: torch.Tensor, msign_method: str, shape_scale: bool) -> torch.Tensor:
+    """The unconstrained Muon update msign(G~) (..., m, n), optionally times sqrt(max(1, m/n))."""
+    u = msign(d, method=msign_method)
+    if shape_scale:
+        u = u * math.sqrt(max(1.0, d.shape[-2] / d.shape[-1]))
+    return u
+
+
+def manifold_muon_step(
+    W: torch.Tensor,
+    G: torch.Tensor,
+    lr: float,
+    constraint: str,
+    dual_steps: int = 20,
+    dual_lr: float = 0.1,
+    dual_tol: float = 0.0,
+    msign_method: str = "polar_express",
+    dgram_retraction: str = "paper_svd_sorted",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Manifold Muon step for W, G (..., m, n), any orientation (wide ones go tall inside).
+
+    Returns ``(W_new, dual_residual, displacement)``; the last two have shape (...):
+    residual ||H||_F / n of the final dual iterate and ||R(W') - W'||_F / ||W'||_F.
+    """
+    transposed = W.shape[-2] < W.shape[-1]
+    if transposed:
+        W, G = W.mT, G.mT
+    msign_fn = functools.partial(msign, method=msign_method)
+    exact = msign_method == "svd"  # NS5 is not a retraction (its singular values are not 1)
+    if constraint == "stiefel":
+        A, residual = stiefel_dualize(G, W, dual_steps, dual_lr, dual_tol, msign_fn)
+        W1 = W - lr * A
+        W2 = stiefel_retract(W1, method="svd" if exact else "msign")
+    elif constraint == "dgram":
+        A, residual = dgram_dualize(G, W, dual_steps, dual_lr, dual_tol, msign_fn)
+        W1 = W - lr * A
+        W2 = dgram_retract(W1, dgram_retraction, "svd" if exact else "polar_express")
+    else:
+        raise ValueError(f"constraint {constraint!r} is not one of stiefel, dgram")
+    displacement = torch.linalg.matrix_norm(W2 - W1) / torch.linalg.matrix_norm(W1)
+    return (W2.mT if transposed else W2), residual, displacement
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon / Manifold Muon over 2-d matrices; each group has ``constraint`` and ``names``.
+
+    ``self.state[p]`` keeps ``momentum_buffer`` and, for manifold groups, the last
+    ``dual_residual`` and ``retraction_displacement`` (0-d tensors; no host sync per step).
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        momentum_form: str = "sum",
+        msign: str = "polar_express",
+        weight_decay: float = 0.0,
+        shape_scale: bool = False,
+        dual_steps: int = 20,
+        dual_lr: float = 0.1,
+        dual_tol: float = 0.0,
+        dgram_retraction: str = "paper_svd_sorted",
+    ) -> None:
+        defaults = dict(
+            lr=lr, momentum=momentum, nesterov=nesterov, momentum_form=momentum_form,
+            msign=msign, weight_decay=weight_decay, shape_scale=shape_scale,
+            dual_steps=dual_steps, dual_lr=dual_lr, dual_tol=dual_tol,
+            dgram_retraction=dgram_retraction, constraint="none", names=None,
+        )
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            if group["constraint"] not in ("none", "stiefel", "dgram"):
+                raise ValueError(f"constraint {group['constraint']!r} is not none/stiefel/dgram")
+            if group["names"] is None:
+                group["names"] = [f"param{i}" for i in range(len(group["params"]))]
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"Muon manages 2-d matrices only, got shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            self._step_group(group)
+        return loss
+
+    def _step_group(self, group: dict) -> None:
+        # --- momentum, per matrix; then bucket same-shape matrices into one batch --------
+        buckets: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad.float()
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(g)
+            d = muon_direction(state["momentum_buffer"], g, group["momentum"],
+                               group["nesterov"], group["momentum_form"])
+            buckets[(tuple(p.shape), p.device)].append((p, d))
+        lr, constraint = group["lr"], group["constraint"]
+        for items in buckets.values():
+            ps = [p for p, _ in items]
+            D = torch.stack([d for _, d in items])  # (B, m, n)
+            # --- unconstrained Muon ----------------------------------------------------------
+            if constraint == "none":
+                U = muon_update(D, group["msign"], group["shape_scale"])
+                for i, p in enumerate(ps):
+                    if group["weight_decay"]:
+                        p.mul_(1.0 - lr * group["weight_decay"])
+                    p.add_(U[i].to(p.dtype), alpha=-lr)
+                continue
+            # --- Manifold Muon ---------------------------------------------------------------
+            W = torch.stack([p.float() for p in ps])
+            W_new, residual, displacement = manifold_muon_step(
+                W, D, lr, constraint, group["dual_steps"], group["dual_lr"],
+                group["dual_tol"], group["msign"], group["dgram_retraction"],
+            )
+            for i, p in enumerate(ps):
+                p.copy_(W_new[i].to(p.dtype))
+                self.state[p]["dual_residual"] = residual[i].detach()
+                self.state[p]["retraction_displacement"] = displacement[i].detach()
