@@ -12,8 +12,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "ConfigError",
@@ -198,7 +199,8 @@ def gpt_tiny() -> WorkloadConfig:
         model=GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64),
         data=DataConfig(corpus="shakespeare", tokenizer="gpt2"),
         optim=OptimConfig(lr=1e-3, beta2=0.99, warmup_steps=100),
-        train=TrainConfig(steps=500, batch_size=12, eval_every=100, eval_iters=20, metrics_every=100),
+        train=TrainConfig(steps=500, batch_size=12, eval_every=100, eval_iters=20,
+                          metrics_every=100),
     )
 
 
@@ -361,7 +363,8 @@ def apply_overrides(cfg: WorkloadConfig, overrides: dict[str, Any]) -> WorkloadC
             elif dataclasses.is_dataclass(obj) and hasattr(obj, part):
                 obj = getattr(obj, part)
             else:
-                raise ConfigError(f"unknown config key {key!r} (no field {'.'.join(parts[: i + 1])!r})")
+                missing = ".".join(parts[: i + 1])
+                raise ConfigError(f"unknown config key {key!r} (no field {missing!r})")
         last = parts[-1]
         if isinstance(obj, dict):
             obj[last] = math.inf if isinstance(value, str) and value.lower() == "inf" else value
@@ -371,11 +374,13 @@ def apply_overrides(cfg: WorkloadConfig, overrides: dict[str, Any]) -> WorkloadC
                 raise ConfigError(f"{key}: is a section; set one of its fields instead")
             if isinstance(current, dict) and isinstance(value, dict):
                 value = {**current, **value} if last != "residual" else dict(value)
-            elif current is not None and not isinstance(current, (dict, list)) and key != "optim.manifold.assignment":
+            elif (current is not None and not isinstance(current, (dict, list))
+                  and key != "optim.manifold.assignment"):
                 value = _coerce(value, current, key)
             setattr(obj, last, value)
         else:
-            valid = sorted(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else []
+            valid = (sorted(f.name for f in dataclasses.fields(obj))
+                     if dataclasses.is_dataclass(obj) else [])
             raise ConfigError(f"unknown config key {key!r}; valid under it: {', '.join(valid)}")
     return cfg
 
@@ -429,7 +434,8 @@ def validate(cfg: WorkloadConfig) -> WorkloadConfig:
             if getattr(m, key) <= 0:
                 raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)!r}")
         if m.n_embd % m.n_head:
-            raise ConfigError(f"model.n_embd: {m.n_embd} is not divisible by model.n_head={m.n_head}")
+            raise ConfigError(f"model.n_embd: {m.n_embd} is not divisible by "
+                              f"model.n_head={m.n_head}")
         if cfg.data.tokenizer == "none":
             raise ConfigError("data.tokenizer: a GPT needs gpt2 or char, got 'none'")
         from workloads.residual import family_params  # validates family name and its params

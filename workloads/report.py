@@ -25,7 +25,8 @@ class CurvePoint:
 
 @dataclass
 class Divergence:
-    reason: str  # nonfinite_loss | nonfinite_grad | loss_vs_best | loss_vs_initial | grad_explosion | logit_bound
+    # nonfinite_loss | nonfinite_grad | loss_vs_best | loss_vs_initial | grad_explosion | ...
+    reason: str
     step: int
     detail: str = ""
 

@@ -12,15 +12,21 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from workloads.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
-from workloads.checkpoint import set_rng_state
+from workloads.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from workloads.config import MLPConfig, WorkloadConfig, to_dict, validate
 from workloads.report import CurvePoint, Divergence, Report, StepInfo, StepMonitor
 from workloads.schedule import lr_at
@@ -38,7 +44,7 @@ class RunResult:
     train_time_s: float
     divergence: Divergence | None = None
     val_history: list[tuple[int, float]] = field(default_factory=list)
-    train_losses: list[float] = field(default_factory=list)  # every step, for tests and golden values
+    train_losses: list[float] = field(default_factory=list)  # every step (tests, golden values)
 
 
 # --- set-up helpers ----------------------------------------------------------------------

@@ -34,6 +34,7 @@ from ray.tune import Callback
 
 from orchestrator.sinks.mlflow import TAG, MlflowSink
 from orchestrator.sinks.parquet import ParquetSink
+from orchestrator.space import flat_from_tune_config
 
 __all__ = ["SinkCallback", "FINAL_STATUSES"]
 
@@ -104,6 +105,9 @@ class SinkCallback(Callback):
                         **info) -> None:
         tid = trial.trial_id
         rec = self._record(trial)
+        if result.get("_config") and self.mlflow is not None:
+            # the whole resolved workload config, dotted keys (first report of a trial only)
+            self.mlflow.log_params(tid, result["_config"])
         curve, rows = result.get("_curve") or [], result.get("_rows") or []
         self._update(rec, result, curve)
         if tid in self._resumed and (curve or rows):
@@ -136,7 +140,7 @@ class SinkCallback(Callback):
     def _record(self, trial: Any) -> dict[str, Any]:
         tid = trial.trial_id
         if tid not in self._records:
-            params = dict(getattr(trial, "config", None) or {})
+            params = flat_from_tune_config(dict(getattr(trial, "config", None) or {}))
             self._records[tid] = {
                 "trial": tid, "sweep": self.sweep, "status": "running", "params": params,
                 "scalars": {}, "seed": params.get(_SEED_KEY), "retries": 0,

@@ -224,6 +224,10 @@ class MlflowSink:
             self.client.log_batch(run_id, metrics=chunk)
         return len(batch)
 
+    def log_params(self, trial_id: str | None, params: dict) -> None:
+        """Params of a child (or the parent when ``trial_id`` is None); keys already set stay."""
+        self._log_params(self._run(trial_id), params)
+
     def _log_params(self, run_id: str, params: dict) -> None:
         # params are immutable in MLflow: on a resumed run log only the new ones
         have = self.client.get_run(run_id).data.params

@@ -116,8 +116,8 @@ class _StopAt:
 def test_monitor_asked_every_step_and_stops_at_once():
     mon = _StopAt(3)
     reports = []
-    res = run(_cfg("gpt-debug", **{"train.steps": 20, "train.eval_every": 10}), report=reports.append,
-              monitor=mon)
+    res = run(_cfg("gpt-debug", **{"train.steps": 20, "train.eval_every": 10}),
+              report=reports.append, monitor=mon)
     assert mon.seen == [1, 2, 3]
     assert res.divergence is not None and res.divergence.step == 3
     assert len(reports) == 1 and reports[0].divergence.step == 3 and reports[0].done

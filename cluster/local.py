@@ -1,0 +1,71 @@
+"""Start or join Ray with the environment geosweep needs; nothing here knows about models.
+
+Facts this encodes (../shared/PLATFORM.md): usage stats off (no network), a fast Ray Train
+health-check poll (``ray.train.report`` otherwise waits ~2 s per report), Ray's log noise
+quieted, temp files in a folder we choose.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+__all__ = ["ray_env", "connect", "shutdown", "worker_env"]
+
+# Environment every Ray process of a sweep gets (driver, Tune trials, Train workers).
+_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+    "RAY_AIR_NEW_OUTPUT": "0",
+    "TUNE_MAX_PENDING_TRIALS_PG": "8",
+    "HF_DATASETS_OFFLINE": os.environ.get("HF_DATASETS_OFFLINE", "0"),
+    "PYTHONWARNINGS": "ignore::DeprecationWarning",
+}
+
+
+def ray_env() -> dict[str, str]:
+    """Set (and return) the environment variables geosweep wants before Ray starts."""
+    for k, v in _ENV.items():
+        os.environ.setdefault(k, v)
+    return {k: os.environ[k] for k in _ENV}
+
+
+def worker_env() -> dict[str, str]:
+    """Environment for runtime_env: ours plus the caches and offline flags of this machine."""
+    env = dict(ray_env())
+    for k in ("GEOSWEEP_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME",
+              "OMP_NUM_THREADS", "PYTHONPATH"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    return env
+
+
+def connect(address: str | None = None, num_cpus: float | None = None,
+            temp_dir: str | None = None, quiet: bool = True) -> dict[str, Any]:
+    """Join the Ray cluster at ``address``, or start a local one. Returns cluster resources."""
+    ray_env()
+    import ray
+
+    if ray.is_initialized():
+        return ray.cluster_resources()
+    kwargs: dict[str, Any] = {
+        "runtime_env": {"env_vars": worker_env()},
+        "log_to_driver": not quiet,
+        "logging_level": logging.WARNING if quiet else logging.INFO,
+        "configure_logging": True,
+    }
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False,
+                 _temp_dir=temp_dir, **kwargs)
+    return ray.cluster_resources()
+
+
+def shutdown() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
