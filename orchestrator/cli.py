@@ -1,4 +1,4 @@
-"""`geosweep` command line: run | resume | status | report | ui | train.
+"""`geosweep` command line: run | resume | status | report | ui | train | continuity | ...
 
 Every user error is one line on stderr and exit code 2, raised before anything is written or
 Ray is started. Heavy imports (torch, ray, mlflow) happen inside the commands, so `--help` and
@@ -22,6 +22,13 @@ DEFAULT_OUT = "geosweep-runs"
 
 class UsageError(Exception):
     """A user mistake: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints a usage block before its error; ours is the one line (see main)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message)
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -52,7 +59,34 @@ def _check_out_dir(out: str) -> Path:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
         raise UsageError(f"--out: {out!r} is not writable")
+    # os.access says yes to root everywhere (and /proc says yes to anyone): really try it.
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".geosweep-probe-", dir=probe))
+    except OSError as e:
+        raise UsageError(f"--out: {out!r} is not writable ({e.strerror})") from None
     return p
+
+
+def _check_corpora(values: list[Any], where: str) -> None:
+    """Local corpus files must exist before Ray starts (a trial would only fail later)."""
+    from workloads.data import DataError, resolve_corpus
+    from workloads.data.corpora import HUB_CORPORA
+
+    for v in values:
+        if isinstance(v, str) and v != "mnist" and v not in HUB_CORPORA:
+            try:
+                resolve_corpus(v)
+            except DataError as e:
+                raise UsageError(f"{where}{e}") from None
+
+
+def _check_spec_corpora(spec) -> None:
+    _check_corpora([spec.base_config().data.corpus], "")
+    p = spec.space.get("data.corpus")
+    if p is not None:
+        _check_corpora(p.candidates(), "space.")
 
 
 def _check_mlflow_uri(uri: str | None) -> None:
@@ -97,12 +131,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _load_spec(args.spec, args)
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite are mutually exclusive")
+    _check_spec_corpora(spec)
     if args.dry_run:
         return _dry_run(spec)
     out = _check_out_dir(args.out)
     _check_mlflow_uri(spec.tracking.mlflow_uri)
     _check_address(args.address)
     target = out / spec.name
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--out: {target} exists and is not a folder")
     if target.exists() and any(target.iterdir()):
         if args.overwrite:
             shutil.rmtree(target)
@@ -221,6 +258,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = validate(apply_overrides(cfg, overrides))
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    _check_corpora([cfg.data.corpus], "")
     from workloads.train import run
 
     def report(rep) -> None:
@@ -249,7 +287,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="geosweep", description=__doc__.splitlines()[0])
+    p = _Parser(prog="geosweep", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a sweep spec (a shipped name or a YAML path)")
@@ -290,16 +328,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true")
     t.add_argument("--no-divergence", action="store_true", help="do not stop on divergence")
     t.set_defaults(fn=cmd_train)
+
+    from orchestrator.continuity_cmd import add_continuity_command
+
+    add_continuity_command(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse already printed its one line; usage errors are 2
-        return int(e.code or 0)
-    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help / --version
+            return int(e.code or 0)
         return args.fn(args)
     except UsageError as e:
         print(f"geosweep: error: {e}", file=sys.stderr)

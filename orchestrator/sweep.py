@@ -116,6 +116,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     from orchestrator.trial import resolve_executor, trial_driver, trial_resources
 
     t0 = time.time()
+    _quiet_logs()
     paths = sweep_paths(spec, out)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.to_yaml())
@@ -194,6 +195,17 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
         best = (min if spec.search.mode == "min" else max)(ok, key=lambda r: r[key])
     del grid
     return SweepResult(paths, records, time.time() - t0, best, counts, fit_s)
+
+
+def _quiet_logs() -> None:
+    """Ray/MLflow chatter a sweep user does not need; our progress line says what matters."""
+    import logging
+
+    # Tune's ResultGrid looks for result.json files we do not write (results go to Parquet).
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def _finite(x: Any) -> bool:

@@ -251,6 +251,10 @@ def detect_architecture(names: list[str]) -> tuple[Architecture, str, int, list[
                                   "adjacent layer pair")
         roles = [r for r in ROLES if r in arch.roles and all(
             arch.roles[r].template.format(p=prefix, i=i) in present for i in layers)]
+        if not roles:
+            want = [f.template.format(p=prefix, i=0) for f in arch.roles.values()]
+            raise CheckpointError(f"CHECKPOINT: {arch.name} layout but no role is complete over "
+                                  f"its {len(layers)} layers (expected e.g. {', '.join(want[:3])})")
         return arch, prefix, len(layers), roles
     weights = [n for n in names if n.endswith("weight")] or names
     raise CheckpointError(
@@ -284,10 +288,11 @@ def shuffled_order(n: int, seed: int = 0, tries: int = 1000) -> list[int]:
     first = None
     for _ in range(tries):
         perm = torch.randperm(n, generator=g).tolist()
-        first = first or perm
+        if perm != list(range(n)):
+            first = first or perm
         if all(abs(a - b) != 1 for a, b in zip(perm, perm[1:])):
             return perm
-    return first
+    return first or list(range(n))[::-1]  # n <= 3: no order avoids every adjacent pair
 
 
 def _top(W: torch.Tensor, k: int, exact_max: int) -> dict[str, torch.Tensor]:
@@ -363,8 +368,9 @@ def analyse(checkpoint: str | os.PathLike, ks: tuple[int, ...] = KS, seed: int =
                         torch.save(top, f)
                         S = top["S"]
                         emit(role, layer, -1, "gap", "", S[0] / S[1].clamp_min(1e-30))
-                    else:
+                    else:  # each layer comes exactly once in the permuted pass
                         top = torch.load(f)
+                        f.unlink()
                     if prev is not None:
                         for metric, vec, v in _pair_metrics(prev[1], prev[2], W, top, kk):
                             emit(role, prev[0], layer, tag + metric, vec, v)
