@@ -132,7 +132,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     mlflow.start_parent(spec.to_yaml(), params={"sweep": spec.name}, provenance=prov)
     parquet = ParquetSink(paths.parquet_root, spec.name)
     sink_cb = SinkCallback(mlflow=mlflow, parquet=parquet, sweep=spec.name,
-                           metric=spec.search.metric)
+                           metric=spec.search.metric, background=True)
     total = count_trials(spec)
     progress = make_progress()(total, spec.search.metric, spec.search.mode, printer=printer)
 

@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
+import queue
+import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from ray.tune import Callback
@@ -37,6 +41,8 @@ from orchestrator.sinks.parquet import ParquetSink
 from orchestrator.space import flat_from_tune_config
 
 __all__ = ["SinkCallback", "FINAL_STATUSES"]
+
+log = logging.getLogger(__name__)
 
 FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
 _P_KEY = "model.residual.p"
@@ -71,8 +77,16 @@ class SinkCallback(Callback):
         metric: str = "val/loss",
         sweep: str | None = None,
         clock: Callable[[], float] = time.time,
+        background: bool = False,
     ) -> None:
         self.parquet, self.mlflow, self.metric, self.clock = parquet, mlflow, metric, clock
+        # background=True: hooks only enqueue; one writer thread does the I/O, so a slow
+        # MLflow/Parquet write never stalls Tune's event loop (and with it every trial).
+        self.background = background
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._now: float | None = None
         self.sweep = sweep or (parquet.sweep if parquet else mlflow.sweep if mlflow else None)
         self._records: dict[str, dict[str, Any]] = {}
         self._resumed: set[str] = set()
@@ -81,10 +95,61 @@ class SinkCallback(Callback):
     # --- public ---------------------------------------------------------------------------
     def records(self) -> list[dict[str, Any]]:
         """The latest record of every trial seen (TRIAL_SCHEMA fields + params + scalars)."""
+        self.flush()
         return [copy.deepcopy(self._records[k]) for k in sorted(self._records)]
+
+    def flush(self) -> None:
+        """Wait until every queued write is done; re-raise the first writer error."""
+        if self._queue is not None:
+            self._queue.join()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"result sink failed: {err!r}") from err
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        self.flush()
+
+    # --- background writer ----------------------------------------------------------------
+    def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
+        state = dict(self.__dict__)
+        state.update(_queue=None, _thread=None, _error=None)
+        return state
+
+    def _defer(self, fn: Callable[..., None], trial: Any, *args: Any) -> bool:
+        """Run ``fn(snapshot, *args)`` on the writer thread; False when not in background."""
+        if not self.background:
+            return False
+        if self._queue is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._drain, name="geosweep-sink",
+                                            daemon=True)
+            self._thread.start()
+        snap = SimpleNamespace(trial_id=trial.trial_id, config=dict(trial.config or {}),
+                               error_file=getattr(trial, "error_file", None))
+        self._queue.put((fn, snap, args, self.clock()))
+        return True
+
+    def _drain(self) -> None:
+        while True:
+            fn, snap, args, now = self._queue.get()
+            try:
+                self._now = now  # timestamps are those of the Tune event, not of the write
+                fn(snap, *args)
+            except BaseException as e:  # noqa: BLE001 - reported by flush()
+                log.error("geosweep result sink: %r", e)
+                self._error = self._error or e
+            finally:
+                self._now = None
+                self._queue.task_done()
+
+    def _time(self) -> float:
+        return self._now if self._now is not None else self.clock()
 
     # --- Tune hooks -----------------------------------------------------------------------
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_start, trial) or self._do_trial_start(trial)
+
+    def _do_trial_start(self, trial: Any) -> None:
         rec = self._record(trial)
         rec["status"] = "running"
         if self.mlflow is not None:
@@ -92,9 +157,15 @@ class SinkCallback(Callback):
         self._write(rec)
 
     def on_trial_restore(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_restore, trial) or self._do_trial_restore(trial)
+
+    def _do_trial_restore(self, trial: Any) -> None:
         self._resumed.add(trial.trial_id)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_recover, trial) or self._do_trial_recover(trial)
+
+    def _do_trial_recover(self, trial: Any) -> None:
         rec = self._record(trial)
         rec["retries"] = (rec.get("retries") or 0) + 1
         rec["error"] = _error_text(trial)
@@ -103,6 +174,9 @@ class SinkCallback(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info) -> None:
+        self._defer(self._do_trial_result, trial, result) or self._do_trial_result(trial, result)
+
+    def _do_trial_result(self, trial: Any, result: dict) -> None:
         tid = trial.trial_id
         rec = self._record(trial)
         if result.get("_config") and self.mlflow is not None:
@@ -128,11 +202,17 @@ class SinkCallback(Callback):
         self._write(rec)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_complete, trial) or self._do_trial_complete(trial)
+
+    def _do_trial_complete(self, trial: Any) -> None:
         rec = self._record(trial)
         status = rec["status"] if rec["status"] in ("completed", "diverged") else "stopped"
         self._finish(trial, status)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_error, trial) or self._do_trial_error(trial)
+
+    def _do_trial_error(self, trial: Any) -> None:
         self._record(trial)["error"] = _error_text(trial)
         self._finish(trial, "failed")
 
@@ -144,7 +224,7 @@ class SinkCallback(Callback):
             self._records[tid] = {
                 "trial": tid, "sweep": self.sweep, "status": "running", "params": params,
                 "scalars": {}, "seed": params.get(_SEED_KEY), "retries": 0,
-                "started_at": self.clock(),
+                "started_at": self._time(),
             }
         return self._records[tid]
 
@@ -181,7 +261,7 @@ class SinkCallback(Callback):
     def _finish(self, trial: Any, status: str) -> None:
         rec = self._record(trial)
         rec["status"] = status
-        rec["ended_at"] = self.clock()
+        rec["ended_at"] = self._time()
         rec["wall_s"] = rec["ended_at"] - rec["started_at"]
         timing = rec.get("timing") or {}
         rec["train_s"] = timing.get("train_s")

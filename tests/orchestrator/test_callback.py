@@ -175,3 +175,38 @@ def test_works_with_one_sink_and_no_ray(tmp_path):
     rec = cb.records()[0]
     assert rec["status"] == "completed" and rec["sweep"] == "sw" and rec["seed"] == 0
     assert len(read_curves(str(tmp_path))) == 11
+
+
+def test_background_writer_matches_synchronous(tmp_path):
+    """background=True: hooks return at once, one thread writes, records() flushes first."""
+    pq_sync, pq_bg = ParquetSink(str(tmp_path / "a"), "s"), ParquetSink(str(tmp_path / "b"), "s")
+    sync = SinkCallback(parquet=pq_sync, sweep="s", clock=Clock())
+    bg = SinkCallback(parquet=pq_bg, sweep="s", clock=Clock(), background=True)
+    cloudpickle.dumps(bg)  # Tune pickles callbacks: must work before and after the thread starts
+    for cb in (sync, bg):
+        trial = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+        cb.on_trial_start(0, [], trial)
+        cb.on_trial_result(0, [], trial, _payload(trial, 1, 10))
+        cb.on_trial_result(0, [], trial, _payload(trial, 11, 20, status="completed"))
+        cb.on_trial_complete(0, [], trial)
+    cloudpickle.dumps(bg)
+    a, b = sync.records(), bg.records()
+    assert [r["status"] for r in a] == [r["status"] for r in b] == ["completed"]
+    # timestamps are those of the Tune events (start = 1st, complete = 4th), not of the writes
+    assert (b[0]["started_at"], b[0]["ended_at"]) == (1001.0, 1004.0)
+    ca = read_curves(str(tmp_path / "a"), sweep="s").sort_values(["step", "split"])
+    cb_ = read_curves(str(tmp_path / "b"), sweep="s").sort_values(["step", "split"])
+    assert list(ca.step) == list(cb_.step) and len(ca) == 22
+
+
+def test_background_writer_error_surfaces_on_flush(tmp_path):
+    class Broken(ParquetSink):
+        def write_curve(self, trial_id, points):
+            raise OSError("disk full")
+
+    cb = SinkCallback(parquet=Broken(str(tmp_path), "s"), sweep="s", background=True)
+    trial = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], trial)
+    cb.on_trial_result(0, [], trial, _payload(trial, 1, 10))
+    with pytest.raises(RuntimeError, match="disk full"):
+        cb.flush()
