@@ -330,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     from orchestrator.continuity_cmd import add_continuity_command
+    from orchestrator.search_p_cli import add_search_p_command
 
+    add_search_p_command(sub)
     add_continuity_command(sub)
     return p
 

@@ -248,7 +248,8 @@ def build_search(spec: SweepSpec, *, storage: Any = None,
 
     ``search_alg`` already enforces ``search.max_concurrent`` (a ``BasicVariantGenerator`` for
     grid/random, a ``ConcurrencyLimiter`` around ``OptunaSearch`` for Optuna); ``storage`` and
-    ``study_name`` go to ``OptunaSearch`` (an RDB study can be resumed and inspected).
+    ``study_name`` go to ``OptunaSearch`` (an RDB study can be resumed and inspected);
+    ``storage`` may be an ``optuna.storages.BaseStorage`` or an RDB URL string.
     """
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
@@ -263,6 +264,10 @@ def build_search(spec: SweepSpec, *, storage: Any = None,
         return {PREFIX: _random_space(spec, random.Random(s.seed))}, alg, s.num_samples
     from ray.tune.search.optuna import OptunaSearch
 
+    if isinstance(storage, str):  # an RDB URL; OptunaSearch asserts a BaseStorage object
+        import optuna
+
+        storage = optuna.storages.RDBStorage(storage)
     searcher = OptunaSearch(space=define_by_run(spec), metric=s.metric, mode=s.mode,
                             sampler=_sampler(spec), storage=storage, study_name=study_name)
     return {}, ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent), s.num_samples

@@ -2,7 +2,8 @@
 
 Layout of a sweep folder (``<out>/<name>/``): ``spec.yaml``, ``mlflow.db`` + ``mlartifacts/``
 (default MLflow store), ``parquet/`` (default dataset root), ``ray/`` (Tune/Train storage,
-checkpoints), ``sweep.json`` (what was run, for ``status``/``resume``).
+checkpoints), ``optuna.db`` (the Optuna study, for Optuna searches), ``sweep.json`` (what was
+run, for ``status``/``resume``).
 """
 
 from __future__ import annotations
@@ -137,7 +138,13 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     progress = make_progress()(total, spec.search.metric, spec.search.mode, printer=printer)
 
     # --- search and scheduler -----------------------------------------------------------------
-    param_space, search_alg, num_samples = build_search(spec)
+    # Optuna searches keep their study in an RDB in the sweep folder: an interrupted search
+    # resumes from it and `optuna-dashboard sqlite:///<sweep>/optuna.db` can open it.
+    storage = None
+    if spec.search.algorithm.startswith("optuna"):
+        storage = f"sqlite:///{paths.root / 'optuna.db'}"
+    param_space, search_alg, num_samples = build_search(spec, storage=storage,
+                                                        study_name=spec.name)
     if spec.scheduler.type == "asha":
         scheduler = ASHAScheduler(
             time_attr="step", max_t=spec.scheduler.max_t or spec.base_config().train.steps,
