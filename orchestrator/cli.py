@@ -329,11 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-divergence", action="store_true", help="do not stop on divergence")
     t.set_defaults(fn=cmd_train)
 
+    from cluster.cli import add_cluster_commands
     from orchestrator.continuity_cmd import add_continuity_command
     from orchestrator.search_p_cli import add_search_p_command
 
     add_search_p_command(sub)
     add_continuity_command(sub)
+    add_cluster_commands(sub)
     return p
 
 

@@ -113,9 +113,11 @@ def _plain(v: Any) -> Any:
 
 
 def _node_ip() -> str:
+    """``ip/node-id-prefix``: two Ray nodes on one host share the IP but not the node id."""
     try:
         import ray
 
-        return ray.util.get_node_ip_address()
+        node = ray.get_runtime_context().get_node_id()[:8]
+        return f"{ray.util.get_node_ip_address()}/{node}"
     except Exception:  # noqa: BLE001 - best effort label only
         return "?"

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# A two-node Ray cluster plus a lean MLflow server on this machine, for trying `geosweep submit`.
+#
+#   cluster/configs/local_cluster.sh start     # head (2 CPUs) + node2 (1 CPU, {"node2": 1}) + MLflow
+#   cluster/configs/local_cluster.sh status
+#   cluster/configs/local_cluster.sh stop      # stops exactly what `start` started (pid files)
+#
+# Settings (environment): HOST (127.0.0.1), RAY_PORT (6390), DASHBOARD_PORT (8265),
+# MLFLOW_PORT (5055), CLIENT_PORT (10001), HEAD_AGENT_PORT/NODE2_AGENT_PORT (52365/52366; ports
+# must stay outside Ray's worker range 10002-19999), HEAD_CPUS (2), NODE2_CPUS (1), NODE2_IP (127.0.0.2 on loopback, so the
+# trials table tells the nodes apart; else HOST), STATE (~/.geosweep-local: logs, pid files,
+# the MLflow store, sweep results). Everything binds 127.0.0.1 unless HOST names another
+# address; then the Ray dashboard/Jobs API and MLflow are reachable from the network and this
+# script warns. Ray token auth stays on (Ray 2.60's default): `ray start` keeps the token in
+# ~/.ray/auth_token, where `geosweep submit` finds it; the token is never printed.
+# Each service runs in its own process group (setsid); `stop` signals those groups only, so
+# other Ray clusters on this machine (e.g. other users' ray.init()) are left alone.
+set -euo pipefail
+
+HOST="${HOST:-127.0.0.1}"
+RAY_PORT="${RAY_PORT:-6390}"
+DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
+MLFLOW_PORT="${MLFLOW_PORT:-5055}"
+HEAD_CPUS="${HEAD_CPUS:-2}"
+NODE2_CPUS="${NODE2_CPUS:-1}"
+CLIENT_PORT="${CLIENT_PORT:-10001}"
+HEAD_AGENT_PORT="${HEAD_AGENT_PORT:-52365}"
+NODE2_AGENT_PORT="${NODE2_AGENT_PORT:-52366}"
+STATE="${STATE:-$HOME/.geosweep-local}"
+if [ "$HOST" = "127.0.0.1" ] || [ "$HOST" = "localhost" ]; then
+  HOST=127.0.0.1
+  NODE2_IP="${NODE2_IP:-127.0.0.2}"
+else
+  NODE2_IP="${NODE2_IP:-$HOST}"
+fi
+export RAY_USAGE_STATS_ENABLED=0
+# Token auth for head AND node2 (a joining `ray start` does not default to it); the token is
+# ~/.ray/auth_token, created by the head's `ray start` if missing.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+PY="${PYTHON:-python}"
+RAY="${RAY:-ray}"
+
+log() { echo "[local_cluster] $*"; }
+
+wait_for() {  # wait_for SECONDS NAME COMMAND...: until COMMAND succeeds or NAME's process dies
+  local t="$1" name="$2"; shift 2
+  for _ in $(seq "$t"); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$(cat "$STATE/$name.pid")" 2>/dev/null; then
+      log "error: $name exited; last lines of $STATE/$name.log:"; tail -n 5 "$STATE/$name.log"
+      stop; exit 1
+    fi
+    sleep 1
+  done
+  log "error: $name not up after ${t}s (log: $STATE/$name.log)"; stop; exit 1
+}
+
+launch() {  # launch NAME COMMAND...: own process group, pid file, log file
+  local name="$1"; shift
+  setsid "$@" >"$STATE/$name.log" 2>&1 < /dev/null &
+  echo $! >"$STATE/$name.pid"
+}
+
+start() {
+  mkdir -p "$STATE/mlflow" "$STATE/runs"
+  for s in head node2 mlflow; do
+    if [ -f "$STATE/$s.pid" ] && kill -0 "$(cat "$STATE/$s.pid")" 2>/dev/null; then
+      log "error: already running ($s, pid $(cat "$STATE/$s.pid")); run: $0 stop"; exit 1
+    fi
+  done
+  if [ "$HOST" != "127.0.0.1" ]; then
+    log "warning: binding $HOST: the Ray dashboard/Jobs API (port $DASHBOARD_PORT) runs any code"
+    log "warning: it is sent, and MLflow (port $MLFLOW_PORT) serves all results; protect both"
+    log "warning: (firewall, VPN or SSH tunnel) and keep Ray token auth on."
+  fi
+  local tmp; tmp="$(mktemp -d /tmp/gslocal-XXXXXX)"  # short: Ray's unix sockets live here
+  echo "$tmp" >"$STATE/ray_tmp"
+  launch head "$RAY" start --block --head --port="$RAY_PORT" --num-cpus="$HEAD_CPUS" \
+    --node-ip-address="$HOST" --dashboard-host="$HOST" --dashboard-port="$DASHBOARD_PORT" \
+    --dashboard-agent-listen-port="$HEAD_AGENT_PORT" --ray-client-server-port="$CLIENT_PORT" \
+    --temp-dir="$tmp" --disable-usage-stats
+  launch mlflow env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$PY" -m mlflow server \
+    --workers 1 --host "$HOST" --port "$MLFLOW_PORT" \
+    --backend-store-uri "sqlite:///$STATE/mlflow/mlflow.db" \
+    --artifacts-destination "$STATE/mlflow/artifacts"
+  wait_for 120 head grep -q "Ray runtime started" "$STATE/head.log"
+  launch node2 "$RAY" start --block --address="$HOST:$RAY_PORT" --num-cpus="$NODE2_CPUS" \
+    --resources='{"node2": 1}' --node-ip-address="$NODE2_IP" \
+    --dashboard-agent-listen-port="$NODE2_AGENT_PORT" --temp-dir="$tmp" --disable-usage-stats
+  wait_for 120 node2 grep -q "Ray runtime started" "$STATE/node2.log"
+  wait_for 120 mlflow "$PY" -c \
+    "import urllib.request; urllib.request.urlopen('http://$HOST:$MLFLOW_PORT/health', timeout=2)"
+  log "Ray dashboard / Jobs API: http://$HOST:$DASHBOARD_PORT (token: ~/.ray/auth_token)"
+  log "MLflow server:            http://$HOST:$MLFLOW_PORT"
+  log "try:  geosweep submit quickstart --address http://$HOST:$DASHBOARD_PORT \\"
+  log "        --mlflow-uri http://$HOST:$MLFLOW_PORT --out $STATE/runs"
+  log "stop: $0 stop"
+}
+
+stop_one() {  # SIGTERM the leader (Ray shuts down cleanly), then SIGKILL what is left of its group
+  local name="$1" pid
+  [ -f "$STATE/$name.pid" ] || return 0
+  pid="$(cat "$STATE/$name.pid")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 15); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  fi
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$STATE/$name.pid"
+  log "stopped $name"
+}
+
+stop() {
+  stop_one node2
+  stop_one head
+  stop_one mlflow
+  if [ -f "$STATE/ray_tmp" ]; then
+    rm -rf "$(cat "$STATE/ray_tmp")"
+    rm -f "$STATE/ray_tmp"
+  fi
+}
+
+status() {
+  for s in head node2 mlflow; do
+    if [ -f "$STATE/$s.pid" ] && kill -0 "$(cat "$STATE/$s.pid")" 2>/dev/null; then
+      log "$s: running (pid $(cat "$STATE/$s.pid"))"
+    else
+      log "$s: not running"
+    fi
+  done
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
