@@ -11,7 +11,11 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["ray_env", "connect", "shutdown", "worker_env"]
+__all__ = ["ray_env", "connect", "shutdown", "worker_env", "RayStartError"]
+
+
+class RayStartError(RuntimeError):
+    """Ray could not be started or joined; the message is one line."""
 
 # Environment every Ray process of a sweep gets (driver, Tune trials, Train workers).
 _ENV = {
@@ -56,11 +60,15 @@ def connect(address: str | None = None, num_cpus: float | None = None,
         "logging_level": logging.WARNING if quiet else logging.INFO,
         "configure_logging": True,
     }
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False,
-                 _temp_dir=temp_dir, **kwargs)
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, **kwargs)
+    except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        where = f"join Ray at {address}" if address else "start a local Ray"
+        raise RayStartError(f"could not {where}: {first}") from e
     return ray.cluster_resources()
 
 

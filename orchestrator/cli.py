@@ -154,8 +154,14 @@ def _execute(spec, out: Path, address: str | None, resume: bool) -> int:
     from orchestrator.sweep import run_sweep
 
     print(f"[geosweep] sweep {spec.name!r}: results in {out / spec.name}", flush=True)
-    result = run_sweep(spec, out, address=address, resume=resume,
-                       printer=lambda s: print(s, flush=True))
+    from cluster.local import RayStartError
+
+    try:
+        result = run_sweep(spec, out, address=address, resume=resume,
+                           printer=lambda s: print(s, flush=True))
+    except RayStartError as e:
+        print(f"geosweep: error: {e}", file=sys.stderr)
+        return 1
     c = result.counts
     print(f"[geosweep] finished in {result.wall_s:.0f}s: "
           + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))

@@ -268,7 +268,9 @@ def build_search(spec: SweepSpec, *, storage: Any = None,
         import optuna
 
         storage = optuna.storages.RDBStorage(storage)
-    searcher = OptunaSearch(space=define_by_run(spec), metric=s.metric, mode=s.mode,
+    # Trials report the searcher's value under "objective" (orchestrator/worker.py): the
+    # spec's metric, or a penalty for a diverged trial.
+    searcher = OptunaSearch(space=define_by_run(spec), metric="objective", mode=s.mode,
                             sampler=_sampler(spec), storage=storage, study_name=study_name)
     return {}, ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent), s.num_samples
 

@@ -58,8 +58,9 @@ def make_progress():
         """One compact progress line every few seconds instead of Tune's tables."""
 
         def __init__(self, total: int, metric: str, mode: str, every_s: float = 5.0,
-                     printer=print):
+                     printer=print, label: str | None = None):
             self.total, self.metric, self.mode = total, metric, mode
+            self.label = label or metric
             self.every_s, self.printer = every_s, printer
             self.t0 = time.time()
             self.last = 0.0
@@ -98,7 +99,7 @@ def make_progress():
                 eta = f"{elapsed / (done + failed) * (total - done - failed):.0f}s"
             best = "-" if self.best is None else f"{self.best:.4f}"
             return (f"[geosweep] {done}/{total} done, {running} running, {div} diverged, "
-                    f"{failed} failed | best {self.metric} {best} | {elapsed:.0f}s elapsed, "
+                    f"{failed} failed | best {self.label} {best} | {elapsed:.0f}s elapsed, "
                     f"ETA {eta}")
 
     return ProgressCallback
@@ -115,13 +116,14 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     from orchestrator.sinks.parquet import ParquetSink
     from orchestrator.space import build_search, count_trials
     from orchestrator.trial import resolve_executor, trial_driver, trial_resources
+    from orchestrator.worker import OBJECTIVE
 
     t0 = time.time()
     _quiet_logs()
     paths = sweep_paths(spec, out)
+    connect(address)  # first: a failed Ray start must leave no sweep folder behind
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.to_yaml())
-    connect(address)
 
     import ray.tune as tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -133,9 +135,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     mlflow.start_parent(spec.to_yaml(), params={"sweep": spec.name}, provenance=prov)
     parquet = ParquetSink(paths.parquet_root, spec.name)
     sink_cb = SinkCallback(mlflow=mlflow, parquet=parquet, sweep=spec.name,
-                           metric=spec.search.metric, background=True)
+                           metric=OBJECTIVE, background=True)
     total = count_trials(spec)
-    progress = make_progress()(total, spec.search.metric, spec.search.mode, printer=printer)
+    progress = make_progress()(total, OBJECTIVE, spec.search.mode, printer=printer,
+                               label=spec.search.metric)
 
     # --- search and scheduler -----------------------------------------------------------------
     # Optuna searches keep their study in an RDB in the sweep folder: an interrupted search
@@ -173,7 +176,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             trainable,
             param_space=param_space,
             tune_config=tune.TuneConfig(
-                metric=spec.search.metric, mode=spec.search.mode, search_alg=search_alg,
+                metric=OBJECTIVE, mode=spec.search.mode, search_alg=search_alg,
                 scheduler=scheduler, num_samples=num_samples,
                 # the searcher enforces max_concurrent; in-trial trials reuse their actor
                 # (no new process, no torch import per trial: measured in sweep_efficiency)

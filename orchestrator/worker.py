@@ -20,7 +20,9 @@ from orchestrator.divergence import DivergenceMonitor, DivergenceRules, penalty_
 from workloads.config import flatten, from_dict
 from workloads.report import Report
 
-__all__ = ["train_worker", "make_payload"]
+__all__ = ["train_worker", "make_payload", "OBJECTIVE"]
+
+OBJECTIVE = "objective"  # the result key Tune's searcher and scheduler read
 
 
 def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: float,
@@ -29,13 +31,14 @@ def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: fl
     out: dict[str, Any] = {k: float(v) for k, v in rep.scalars.items()}
     out["step"] = rep.step
     status = "diverged" if rep.divergence else ("completed" if rep.done else "running")
+    # What the searcher and scheduler optimise: the spec's metric, or for a diverged trial an
+    # informative penalty (the region is bad, but not infinitely so). The raw metric stays.
+    value = out.get(metric, math.nan)
+    if rep.divergence is not None or not math.isfinite(value):
+        value = penalty_value(rules, initial_loss, out.get("val/best_loss", math.inf))
+    out[OBJECTIVE] = value
     if rep.divergence is not None:
-        best = out.get("val/best_loss", math.inf)
-        # Informative value for the searcher: the region is bad, but not infinitely so.
-        out[metric] = penalty_value(rules, initial_loss, best)
         out["diverged"] = 1.0
-    elif metric not in out or not math.isfinite(out[metric]):
-        out[metric] = penalty_value(rules, initial_loss, out.get("val/best_loss", math.inf))
     out["_curve"] = [vars(p) for p in rep.curve]
     out["_rows"] = rep.rows
     out["_status"] = status

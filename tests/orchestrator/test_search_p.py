@@ -325,12 +325,12 @@ def test_study_lives_in_the_rdb_and_survives_a_searcher_restore(tmp_path):
     for i, value in enumerate([3.0, INITIAL]):
         cfg = searcher.suggest(f"t{i}")
         assert set(cfg["trial"]) >= {"train.seed", f"{P_KEY}:special", LR_KEY}
-        searcher.on_trial_complete(f"t{i}", {"val/loss": value})
+        searcher.on_trial_complete(f"t{i}", {"objective": value})
     searcher.save(str(tmp_path / "searcher.pkl"))
     _, again, _ = build_search(spec, storage=url, study_name=spec.name)
     again.searcher.restore(str(tmp_path / "searcher.pkl"))
     again.searcher.suggest("t2")
-    again.searcher.on_trial_complete("t2", {"val/loss": 2.5})
+    again.searcher.on_trial_complete("t2", {"objective": 2.5})
     study = optuna.load_study(study_name=spec.name, storage=url)
     assert [t.value for t in study.trials] == [3.0, INITIAL, 2.5]
     assert (tmp_path / "optuna.db").stat().st_size > 0
