@@ -18,14 +18,6 @@ pytestmark = pytest.mark.timeout(120)
 ROW_KEYS = {"step", "metric", "module", "layer", "next_layer", "value"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # --- stand-ins implementing docs/contracts.md ----------------------------------------------
 
 

@@ -13,15 +13,6 @@ pytestmark = pytest.mark.timeout(60)
 f64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Batched LAPACK calls slow down ~30x when two threads fight for shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

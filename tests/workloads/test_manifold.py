@@ -29,15 +29,6 @@ svd_msign = functools.partial(msign, method="svd")
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # 2 shared cores: intra-op threads only contend (a 50-step run goes 3 s -> 75 s)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

@@ -8,14 +8,6 @@ import torch
 from workloads.geometry.msign import MSIGN_METHODS, NS5_COEFFS, POLAR_EXPRESS_COEFFS, msign
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def polar_ref(X: torch.Tensor) -> torch.Tensor:
     """X (X^T X)^{-1/2} in fp64 via eigh: independent of torch.linalg.svd."""
     X = X.double()

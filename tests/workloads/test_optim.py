@@ -25,14 +25,6 @@ from workloads.optim import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @dataclass
 class Role:  # MatrixRole(name, param, role, layer, kind) of docs/contracts.md
     name: str

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from workloads.config import apply_overrides, preset
 from workloads.report import Divergence, StepInfo
@@ -19,14 +18,6 @@ GOLDEN = {
     "mlp-debug": [2.291568, 2.286624, 1.959556, 1.940626, 1.782475, 1.704972, 1.679046, 1.507499,
                   1.281586, 1.292021],
 }
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _cfg(name: str, **over):
