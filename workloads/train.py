@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -143,7 +143,7 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
-    local_rank = int(__import__("os").environ.get("LOCAL_RANK", rank))
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = resolve_device(t.device, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -327,6 +327,3 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
         train_losses=train_losses,
     )
 
-
-def final_checkpoint(checkpoint_dir: str) -> Path | None:
-    return latest_checkpoint(checkpoint_dir)
