@@ -11,6 +11,7 @@ by name in ``RESIDUALS``. Its own parameters live in its ``Params`` dataclass an
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from collections.abc import Callable
@@ -177,7 +178,7 @@ def family_params(d: dict, key: str = "model.residual") -> Any:
 # --- streams ------------------------------------------------------------------------------
 
 
-class ResidualStream(nn.Module):
+class ResidualStream(nn.Module, abc.ABC):
     """Base: identity entry, ``ln_f`` exit; records mean ||h|| per sublayer when asked."""
 
     Params: ClassVar[type] = PreLNParams
@@ -192,8 +193,9 @@ class ResidualStream(nn.Module):
     def enter(self, x0: Tensor) -> Tensor:
         return x0
 
+    @abc.abstractmethod
     def sublayer(self, k: int, h: Tensor, branch: Branch) -> Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must define sublayer")
+        """Apply sublayer ``k`` (even: attention, odd: MLP) to the stream ``h``."""
 
     def exit(self, h: Tensor) -> Tensor:
         return self.ln_f(h)

@@ -15,6 +15,7 @@ Init (both): N(0, 0.02); the output projections (c_proj / o / down) N(0, 0.02/sq
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -57,7 +58,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 # --- attention ----------------------------------------------------------------------------
 
 
-class _Attention(nn.Module):
+class _Attention(nn.Module, abc.ABC):
+    """Shared causal attention; subclasses say how q, k, v are made and how y is projected."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head, self.n_embd, self.dropout = cfg.n_head, cfg.n_embd, cfg.dropout
@@ -67,12 +70,13 @@ class _Attention(nn.Module):
         B, T, C = x.shape
         return x.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
+    @abc.abstractmethod
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v of shape (B, nh, T, hs), positions already encoded."""
-        raise NotImplementedError(f"{type(self).__name__} must define qkv")
 
+    @abc.abstractmethod
     def project(self, y: Tensor) -> Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must define project")
+        """(B, T, C) attention output -> (B, T, C) residual branch output."""
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
