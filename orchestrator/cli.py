@@ -115,6 +115,18 @@ def _check_address(address: str | None) -> None:
         raise UsageError(f"--address: cannot reach Ray at {address} ({e})") from None
 
 
+def prepare_sweep_folder(target: Path, resume: bool, overwrite: bool) -> None:
+    """An existing sweep folder is kept only with --resume and deleted only with --overwrite."""
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--out: {target} exists and is not a folder")
+    if target.exists() and any(target.iterdir()):
+        if overwrite:
+            shutil.rmtree(target)
+        elif not resume:
+            raise UsageError(f"{target} already exists: use --resume to continue it or "
+                             "--overwrite to start again")
+
+
 def _sweep_dir(ref: str) -> Path:
     p = Path(ref).expanduser().resolve()
     if not (p / "sweep.json").exists():
@@ -137,15 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = _check_out_dir(args.out)
     _check_mlflow_uri(spec.tracking.mlflow_uri)
     _check_address(args.address)
-    target = out / spec.name
-    if target.exists() and not target.is_dir():
-        raise UsageError(f"--out: {target} exists and is not a folder")
-    if target.exists() and any(target.iterdir()):
-        if args.overwrite:
-            shutil.rmtree(target)
-        elif not args.resume:
-            raise UsageError(f"{target} already exists: use --resume to continue it or "
-                             "--overwrite to start again")
+    prepare_sweep_folder(out / spec.name, resume=args.resume, overwrite=args.overwrite)
     del grid_trials
     return _execute(spec, out, args.address, resume=args.resume)
 

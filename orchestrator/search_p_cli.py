@@ -10,7 +10,6 @@ at its top without a cycle.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 
 __all__ = ["add_search_p_command", "cmd_search_p", "main"]
@@ -53,7 +52,7 @@ def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def cmd_search_p(args: argparse.Namespace) -> int:
-    from orchestrator.cli import UsageError, _check_address, _check_out_dir
+    from orchestrator.cli import UsageError, _check_address, _check_out_dir, prepare_sweep_folder
     from orchestrator.search_p import SearchPError, search_p, stage1_spec
     from orchestrator.spec import SpecError, load_spec
     from orchestrator.sweep import sweep_paths
@@ -66,13 +65,8 @@ def cmd_search_p(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     out = _check_out_dir(args.out)
     _check_address(args.address)
-    target = sweep_paths(spec, out).root
-    if target.exists() and any(target.iterdir()):
-        if args.overwrite:
-            shutil.rmtree(target)
-        elif not args.resume:
-            raise UsageError(f"{target} already exists: use --resume to continue it or "
-                             "--overwrite to start again")
+    prepare_sweep_folder(sweep_paths(spec, out).root, resume=args.resume,
+                         overwrite=args.overwrite)
     try:
         res = search_p(spec, out, address=args.address, top_k=args.top_k,
                        confirm_seeds=args.confirm_seeds, sampler=args.sampler,

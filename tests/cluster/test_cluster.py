@@ -27,20 +27,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(600)]
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     """``geosweep ARGV`` in-process, with the cluster commands registered (whether or not
     orchestrator/cli.py already wires them): (exit code, stdout, stderr)."""
-    import orchestrator.cli as ocli
-    from cluster.cli import add_cluster_commands
+    import orchestrator.cli as ocli  # registers the cluster commands itself
 
-    parser = ocli.build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    if "submit" not in sub.choices:
-        add_cluster_commands(sub)
     capsys.readouterr()
-    orig = ocli.build_parser
-    ocli.build_parser = lambda: parser
-    try:
-        rc = ocli.main(argv)
-    finally:
-        ocli.build_parser = orig
+    rc = ocli.main(argv)
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
 

@@ -30,20 +30,10 @@ TOKEN = "tok-" + secrets.token_hex(16)  # random: the shipped sources must not c
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     """``geosweep ARGV`` in-process with the cluster commands registered: (rc, out, err)."""
-    import orchestrator.cli as ocli
-    from cluster.cli import add_cluster_commands
+    import orchestrator.cli as ocli  # registers the cluster commands itself
 
-    parser = ocli.build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    if "submit" not in sub.choices:
-        add_cluster_commands(sub)
     capsys.readouterr()
-    orig = ocli.build_parser
-    ocli.build_parser = lambda: parser
-    try:
-        rc = ocli.main(argv)
-    finally:
-        ocli.build_parser = orig
+    rc = ocli.main(argv)
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
 
