@@ -262,7 +262,7 @@ def build_search(spec: SweepSpec, *, storage: Any = None,
     if s.algorithm == "random":
         alg = BasicVariantGenerator(max_concurrent=s.max_concurrent, random_state=s.seed)
         return {PREFIX: _random_space(spec, random.Random(s.seed))}, alg, s.num_samples
-    from ray.tune.search.optuna import OptunaSearch
+    from orchestrator.optuna_search import ResumableOptunaSearch as OptunaSearch
 
     if isinstance(storage, str):  # an RDB URL; OptunaSearch asserts a BaseStorage object
         import optuna

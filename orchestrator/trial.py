@@ -38,7 +38,16 @@ def trial_resources(resources: Any) -> dict[str, float]:
     return {"CPU": 0.01}
 
 
-def trial_driver(config: dict[str, Any], spec_dict: dict[str, Any], storage: str) -> None:
+def trial_driver(config: dict[str, Any], spec_dict: dict[str, Any], storage: str,
+                 finished: frozenset[str] = frozenset()) -> None:
+    """``finished``: trials a resumed driver found finished in Parquet. Tune's experiment
+    snapshot may predate them (it is saved every ~10 s), so it restarts them; they return at
+    once, without training or reporting, and keep their recorded outcome."""
+    import ray.tune
+
+    if ray.tune.get_context().get_trial_id() in finished:
+        return
+
     from orchestrator.space import flat_from_tune_config
     from orchestrator.spec import SweepSpec
     from workloads.config import to_dict
@@ -62,7 +71,6 @@ def trial_driver(config: dict[str, Any], spec_dict: dict[str, Any], storage: str
         return
 
     import ray.train
-    import ray.tune
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 

@@ -14,11 +14,18 @@ Final status:
 - ``failed``: ``on_trial_error``: an infrastructure failure (worker death, exception) after
   Tune's retries.
 
-A trial that Tune recovers (``on_trial_recover``/``on_trial_restore``) restarts from its
-last checkpoint at step ``s`` and re-reports steps ``s+1..``: its first curve after the
-restart makes the Parquet sink drop the lost segment (``truncate_after(s)``); MLflow keeps
-the first value per step (see sinks/mlflow.py). Works without Ray running: every hook only
-needs ``trial.trial_id`` and ``trial.config``.
+Restarts. A trial restarts from its last checkpoint at step ``s`` and re-reports steps
+``s+1..`` when Tune recovers it (``on_trial_recover``, in-trial executor), when Ray Train
+restarts its worker group (TorchTrainer executor: Tune never hears of it) or when a resumed
+driver restores it. Whichever it was, the sign is the same: a result whose first curve step is not
+above the last step already on disk. The Parquet sink then drops the lost segment
+(``truncate_after(first - 1)``) before writing, so every step is on disk exactly once, and the
+trial's ``retries`` counts the restart; MLflow keeps the first value per step (see
+sinks/mlflow.py; on CPU a resumed run re-computes identical values).
+
+A resumed driver ``preload``s the records already in Parquet, so a trial Tune only
+re-finalises keeps its status and the sweep's result covers every trial. Works without Ray
+running: every hook only needs ``trial.trial_id`` and ``trial.config``.
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ class SinkCallback(Callback):
         self.sweep = sweep or (parquet.sweep if parquet else mlflow.sweep if mlflow else None)
         self._records: dict[str, dict[str, Any]] = {}
         self._resumed: set[str] = set()
+        self._seen: set[str] = set()
         self._tagged: dict[str, dict[str, Any]] = {}  # MLflow tags already set per trial
 
     # --- public ---------------------------------------------------------------------------
@@ -97,6 +105,33 @@ class SinkCallback(Callback):
         """The latest record of every trial seen (TRIAL_SCHEMA fields + params + scalars)."""
         self.flush()
         return [copy.deepcopy(self._records[k]) for k in sorted(self._records)]
+
+    def preload(self, records: list[dict[str, Any]]) -> None:
+        """Records of trials an earlier driver of this sweep already wrote (resume/extend)."""
+        for rec in records:
+            rec = copy.deepcopy(rec)
+            rec.setdefault("params", {})
+            rec.setdefault("scalars", {})
+            self._records[str(rec["trial"])] = rec
+
+    def seen(self) -> set[str]:
+        """Trials a Tune hook of this driver touched (preloaded ones excluded)."""
+        self.flush()
+        return set(self._seen)
+
+    def abandon(self, trial_id: str, error: str) -> None:
+        """End a preloaded trial that this driver's Tune never ran as ``failed``: a driver crash
+        lost it before Tune's experiment snapshot held it, and the searcher re-proposed its slot
+        (its rows stay, marked by ``error``)."""
+        trial = SimpleNamespace(trial_id=trial_id, config={})
+        self._defer(self._do_abandon, trial, error) or self._do_abandon(trial, error)
+
+    def _do_abandon(self, trial: Any, error: str) -> None:
+        rec = self._record(trial)
+        rec["error"] = error
+        if self.mlflow is not None:  # find the child again so that it can be ended
+            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec))
+        self._finish(trial, "failed")
 
     def flush(self) -> None:
         """Wait until every queued write is done; re-raise the first writer error."""
@@ -151,7 +186,8 @@ class SinkCallback(Callback):
 
     def _do_trial_start(self, trial: Any) -> None:
         rec = self._record(trial)
-        rec["status"] = "running"
+        if rec["status"] not in ("completed", "diverged"):  # else: a finished trial re-started
+            rec["status"] = "running"                       # by a resume; it keeps its outcome
         if self.mlflow is not None:
             self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec))
         self._write(rec)
@@ -184,9 +220,15 @@ class SinkCallback(Callback):
             self.mlflow.log_params(tid, result["_config"])
         curve, rows = result.get("_curve") or [], result.get("_rows") or []
         self._update(rec, result, curve)
-        if tid in self._resumed and (curve or rows):
-            if self.parquet is not None:  # drop the lost segment, then write the new one
-                self.parquet.truncate_after(tid, min(p["step"] for p in curve + rows) - 1)
+        # The curve has the train loss of every step since the last report, so its first step
+        # tells a restart; a repeated report of the same step (rows only) is not one.
+        if self.parquet is not None and curve:
+            first = min(int(p["step"]) for p in curve)
+            last = self.parquet.last_step(tid)
+            if last is not None and first <= last:  # a restart: drop the lost segment
+                self.parquet.truncate_after(tid, first - 1)
+                if tid not in self._resumed:  # Tune did not see it (a Train worker restart)
+                    rec["retries"] = (rec.get("retries") or 0) + 1
             self._resumed.discard(tid)
         if self.parquet is not None:
             self.parquet.write_curve(tid, curve)
@@ -219,6 +261,7 @@ class SinkCallback(Callback):
     # --- records --------------------------------------------------------------------------
     def _record(self, trial: Any) -> dict[str, Any]:
         tid = trial.trial_id
+        self._seen.add(tid)
         if tid not in self._records:
             params = flat_from_tune_config(dict(getattr(trial, "config", None) or {}))
             self._records[tid] = {
@@ -260,8 +303,11 @@ class SinkCallback(Callback):
 
     def _finish(self, trial: Any, status: str) -> None:
         rec = self._record(trial)
+        # a trial finished before a driver crash and re-finalised after the resume keeps its times
+        again = rec.get("ended_at") is not None and rec["status"] == status
         rec["status"] = status
-        rec["ended_at"] = self._time()
+        if not again:
+            rec["ended_at"] = self._time()
         rec["wall_s"] = rec["ended_at"] - rec["started_at"]
         timing = rec.get("timing") or {}
         rec["train_s"] = timing.get("train_s")

@@ -51,6 +51,7 @@ __all__ = [
     "read_curves",
     "read_metrics",
     "read_trials",
+    "read_trial_records",
     "resolve_root",
 ]
 
@@ -143,6 +144,11 @@ class ParquetSink:
                     keep = table.filter(pc.less_equal(table["step"], step))
                     self._write_part(kind, trial_id, keep)
                 self._delete(kind, trial_id, name)
+
+    def last_step(self, trial_id: str) -> int | None:
+        """The highest step of the trial's curve/metrics rows on disk (None: no rows yet)."""
+        lasts = [b for kind in _KINDS for _, b in self._list_parts(kind, trial_id).values()]
+        return max(lasts) if lasts else None
 
     def write_trial(self, record: dict[str, Any]) -> None:
         """Write (or overwrite) the one-row record of a trial.
@@ -315,3 +321,50 @@ def read_metrics(root: str, sweep: str | None = None) -> pd.DataFrame:
 def read_trials(root: str, sweep: str | None = None) -> pd.DataFrame:
     """One row per trial: TRIAL_SCHEMA columns, param and scalar columns, sweep."""
     return _read(root, "trials", sweep, None)
+
+
+def read_trial_records(root: str, sweep: str) -> list[dict[str, Any]]:
+    """The trial records of ``sweep`` as ``ParquetSink.write_trial`` took them (a resumed
+    driver starts from these): TRIAL_SCHEMA fields, ``params`` (dotted columns) and
+    ``scalars`` (slash columns); a param absent from a trial (conditional) is left out."""
+    df = read_trials(root, sweep)
+    fixed = set(TRIAL_SCHEMA.names) | {"sweep"}
+    out = []
+    for row in df.to_dict("records"):
+        rec: dict[str, Any] = {k: _py(row.get(k)) for k in TRIAL_SCHEMA.names}
+        rec["sweep"] = sweep
+        rec["params"] = {k: _param(v) for k, v in row.items()
+                         if k not in fixed and "/" not in k and _py(v) is not None}
+        rec["scalars"] = {k: float(v) for k, v in row.items()
+                          if "/" in k and _py(v) is not None}
+        if rec.get("timing_json"):
+            rec["timing"] = json.loads(rec["timing_json"])
+        rec["retries"] = rec.get("retries") or 0
+        out.append(rec)
+    return out
+
+
+def _py(v: Any) -> Any:
+    """pandas' missing values (NaN, NaT, None) -> None; numpy scalars -> Python."""
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+        return None if isinstance(v, float) and v != v else v
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return v
+
+
+def _param(v: Any) -> Any:
+    """Param columns hold lists/dicts as JSON strings (``_extra_array``): decode those."""
+    v = _py(v)
+    if isinstance(v, str) and v[:1] in "[{":
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v

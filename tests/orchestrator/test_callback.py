@@ -210,3 +210,67 @@ def test_background_writer_error_surfaces_on_flush(tmp_path):
     cb.on_trial_result(0, [], trial, _payload(trial, 1, 10))
     with pytest.raises(RuntimeError, match="disk full"):
         cb.flush()
+
+
+def test_train_worker_restart_is_detected_without_tune(sinks):
+    """A Ray Train worker group restarted from its checkpoint at step 20 re-reports 21..:
+    Tune calls no recover hook, yet the lost segment (21..30) is replaced, not duplicated."""
+    ml, pq, parent, uri, root = sinks
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
+    t = FakeTrial("tr_00000", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    cb.on_trial_result(0, [], t, _payload(t, 1, 20))
+    cb.on_trial_result(0, [], t, _payload(t, 21, 30))
+    lost = _payload(t, 21, 30)  # what the restarted worker computes differs in the test only
+    for p in lost["_curve"]:
+        p["value"] += 1.0
+    cb.on_trial_result(0, [], t, lost)
+    cb.on_trial_result(0, [], t, _payload(t, 31, 40, "completed"))
+    cb.on_trial_complete(0, [], t)
+    c = read_curves(root, sweep="sw")
+    c = c[(c["split"] == "train") & (c["metric"] == "loss")].sort_values("step")
+    assert c["step"].tolist() == list(range(1, 41))
+    # the re-reported rows replaced the old ones in Parquet
+    assert c.loc[c["step"] == 25, "value"].item() == pytest.approx(10.0 / 25 + 1.0)
+    rec = cb.records()[0]
+    assert rec["retries"] == 1 and rec["status"] == "completed"
+    hist = MlflowClient(uri).get_metric_history(ml._children[t.trial_id], "train/loss")
+    assert sorted(m.step for m in hist) == list(range(1, 41))  # every step once
+
+
+def test_preloaded_finished_trial_keeps_outcome_and_times(sinks):
+    """A resumed driver preloads Parquet records; a finished trial Tune re-starts (its
+    snapshot predates the finish) and completes without results keeps status and times; a
+    lost one is closed as failed."""
+    ml, pq, parent, uri, root = sinks
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
+    done, lost = (FakeTrial(f"{n}_00000", {"optim.lr": 1e-3, "train.seed": 0})
+                  for n in ("done", "lost"))
+    for t in (done, lost):
+        cb.on_trial_start(0, [], t)
+        cb.on_trial_result(0, [], t, _payload(t, 1, 10))
+    cb.on_trial_result(0, [], done, _payload(done, 11, 20, "completed"))
+    cb.on_trial_complete(0, [], done)
+    first = {r["trial"]: r for r in cb.records()}
+
+    from orchestrator.sinks.parquet import read_trial_records
+
+    ml2 = MlflowSink(uri, "geosweep", "sw")
+    ml2.start_parent("name: sw\n", {"sweep": "sw"}, {})
+    cb2 = SinkCallback(parquet=ParquetSink(root, "sw"), mlflow=ml2, metric="val/loss",
+                       clock=Clock())
+    cb2.preload(read_trial_records(root, "sw"))
+    cb2.on_trial_start(0, [], done)
+    cb2.on_trial_complete(0, [], done)
+    assert cb2.seen() == {done.trial_id}
+    cb2.abandon(lost.trial_id, "lost in a driver crash")
+    recs = {r["trial"]: r for r in cb2.records()}
+    assert recs[done.trial_id]["status"] == "completed"
+    assert recs[done.trial_id]["ended_at"] == first[done.trial_id]["ended_at"]
+    assert recs[done.trial_id]["final_val_loss"] == first[done.trial_id]["final_val_loss"]
+    assert recs[lost.trial_id]["status"] == "failed"
+    t = read_trials(root, sweep="sw").set_index("trial")
+    assert t.loc[lost.trial_id, "error"] == "lost in a driver crash"
+    runs = MlflowClient(uri).search_runs([ml.experiment_id],
+                                         filter_string="tags.`geosweep.role` = 'child'")
+    assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"]  # no duplicate child
