@@ -25,7 +25,8 @@ import pandas as pd
 from orchestrator.stats import holm, paired_difference, spike_count, t_interval, wilson_interval
 
 __all__ = ["ReportConfig", "ReportError", "SweepData", "load_sweep", "arm_order",
-           "resolve_baseline", "arm_table", "metric_table", "draw_figures", "write_report"]
+           "resolve_baseline", "with_metric", "arm_table", "metric_table", "draw_figures",
+           "write_report"]
 
 TERMINAL = ("completed", "diverged")
 
@@ -39,6 +40,9 @@ class ReportConfig:
     """What the report computes; metric names are fnmatch patterns over the ``metric`` column."""
 
     conf: float = 0.95
+    # the per-trial value compared between arms (mean, CI, paired diff): a trial column or an
+    # eval metric ``eval/<corpus>/<metric>`` of `geosweep eval` (orchestrator/eval_store.py)
+    metric: str = "final_val_loss"
     spike_factor: float = 1.5  # below the divergence rule's 4x-best: spikes the run survived
     spike_min_delta: float = 0.1  # as DivergenceRules.loss_min_delta: 0.01 -> 0.02 is noise
     band: str = "minmax"  # seed band of curves: minmax | std
@@ -182,13 +186,24 @@ def _by_seed(g: pd.DataFrame, col: str) -> pd.Series:
     return g.groupby("seed")[col].mean()
 
 
+def with_metric(data: SweepData, metric: str) -> pd.DataFrame:
+    """The trials with a numeric ``metric`` column (read from the eval Parquet if needed)."""
+    from orchestrator.eval_store import attach_metric
+
+    try:
+        return attach_metric(data.trials, data.parquet_root, data.name, metric)
+    except ValueError as e:
+        raise ReportError(str(e)) from None
+
+
 def arm_table(data: SweepData, baseline: str | None = None,
               config: ReportConfig | None = None) -> pd.DataFrame:
-    """One row per arm. Losses over completed trials; ``diff_*`` = arm - baseline final val
-    loss paired by seed; ``p_holm`` adjusted over the non-baseline arms; ``div_*`` over
-    completed + diverged trials (failed/running trials are infrastructure, not outcomes)."""
+    """One row per arm. Losses over completed trials; ``metric_*`` = ``cfg.metric`` (default
+    final val loss); ``diff_*`` = arm - baseline ``cfg.metric`` paired by seed; ``p_holm``
+    adjusted over the non-baseline arms; ``div_*`` over completed + diverged trials
+    (failed/running trials are infrastructure, not outcomes)."""
     cfg = config or ReportConfig()
-    t = data.trials
+    t = with_metric(data, cfg.metric)
     arms = arm_order(t)
     base = resolve_baseline(arms, baseline)
     spikes = trial_spikes(data, cfg)
@@ -202,8 +217,9 @@ def arm_table(data: SweepData, baseline: str | None = None,
         fm, flo, fhi = t_interval(done["final_val_loss"], cfg.conf)
         bm, blo, bhi = t_interval(done["best_val_loss"], cfg.conf)
         rate, rlo, rhi = wilson_interval(n_div, n_term, cfg.conf)
-        pr = paired_difference(_by_seed(done, "final_val_loss"),
-                               _by_seed(base_done, "final_val_loss"), cfg.conf)
+        mm, mlo, mhi = t_interval(done[cfg.metric], cfg.conf)
+        pr = paired_difference(_by_seed(done, cfg.metric),
+                               _by_seed(base_done, cfg.metric), cfg.conf)
         sp = spikes.reindex(g["trial"]).dropna()
         div_steps = g.loc[g["status"] == "diverged", "divergence_step"].dropna()
         rows.append({
@@ -212,6 +228,7 @@ def arm_table(data: SweepData, baseline: str | None = None,
             "n_failed": int((g["status"] == "failed").sum()),
             "final_val_mean": fm, "final_val_lo": flo, "final_val_hi": fhi,
             "best_val_mean": bm, "best_val_lo": blo, "best_val_hi": bhi,
+            "metric": cfg.metric, "metric_mean": mm, "metric_lo": mlo, "metric_hi": mhi,
             "diff_n": pr.n if arm != base else 0,
             "diff_mean": pr.mean if arm != base else np.nan,
             "diff_lo": pr.lo if arm != base else np.nan,
@@ -301,6 +318,7 @@ def _arms_md(arms: pd.DataFrame) -> pd.DataFrame:
         "done/div/fail": [f"{a}/{b}/{c}" for a, b, c in
                           zip(r["n_completed"], r["n_diverged"], r["n_failed"])],
         "final val loss": ci("final_val"), "best val loss": ci("best_val"),
+        **({} if r["metric"].iloc[0] == "final_val_loss" else {r["metric"].iloc[0]: ci("metric")}),
         "diff vs baseline": ci("diff"),
         "p (Holm)": [f"{_fmt(p, 3)} ({_fmt(q, 3)})" if not math.isnan(p) else "-"
                      for p, q in zip(r["p_value"], r["p_holm"])],
@@ -606,10 +624,17 @@ def draw_figures(data: SweepData, cfg: ReportConfig, out: Path):
 
 
 def write_report(root: str | Path, baseline: str | None = None,
-                 config: ReportConfig | None = None, log_mlflow: bool = True) -> Path:
-    """Write ``<root>/report/`` (markdown, CSVs, PNGs); returns the path of report.md."""
+                 config: ReportConfig | None = None, log_mlflow: bool = True,
+                 metric: str | None = None) -> Path:
+    """Write ``<root>/report/`` (markdown, CSVs, PNGs); returns the path of report.md.
+    ``metric``: the value arms are compared on (``ReportConfig.metric``)."""
+    import dataclasses
+
     cfg = config or ReportConfig()
+    if metric:
+        cfg = dataclasses.replace(cfg, metric=metric)
     data = load_sweep(root)
+    data.trials = with_metric(data, cfg.metric)  # validates --metric before anything is written
     arms = arm_table(data, baseline, cfg)  # validates --baseline before anything is written
     out = data.root / "report"
     out.mkdir(exist_ok=True)
@@ -618,8 +643,9 @@ def write_report(root: str | Path, baseline: str | None = None,
     base = str(arms.loc[arms["baseline"], "arm"].iloc[0])
     spikes = trial_spikes(data, cfg)
     trials = data.trials.assign(spikes=data.trials["trial"].map(spikes))
-    lead = [c for c in ("trial", "arm", "seed", "status", "final_val_loss", "best_val_loss",
-                        "final_train_loss", "divergence_reason", "divergence_step", "spikes")
+    lead = [c for c in dict.fromkeys(("trial", "arm", "seed", "status", "final_val_loss",
+                                      cfg.metric, "best_val_loss", "final_train_loss",
+                                      "divergence_reason", "divergence_step", "spikes"))
             if c in trials.columns]
     trials = trials[lead + [c for c in trials.columns if c not in lead]]
     arms.to_csv(out / "arms.csv", index=False)
@@ -636,7 +662,8 @@ def write_report(root: str | Path, baseline: str | None = None,
         + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"); baseline arm `{base}`.",
         "", "## Arms", "", _md_table(_arms_md(arms)),
         f"Losses: mean [{cfg.conf:.0%} t-interval] over completed seeds. Diff: arm - baseline "
-        "final val loss, paired by seed (paired t-test; Holm-adjusted over "
+        + ("final val loss" if cfg.metric == "final_val_loss" else f"`{cfg.metric}`")
+        + ", paired by seed (paired t-test; Holm-adjusted over "
         f"{int(arms['p_value'].notna().sum())} arms in parentheses). Divergence rate: diverged /"
         f" (completed + diverged), Wilson {cfg.conf:.0%} interval. Spikes: episodes with train "
         f"loss > {cfg.spike_factor}x its running minimum (and > min + {cfg.spike_min_delta}).",

@@ -154,7 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _execute(spec, out, args.address, resume=args.resume)
 
 
-def _execute(spec, out: Path, address: str | None, resume: bool) -> int:
+def _execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> int:
+    from orchestrator.spec import SpecError
     from orchestrator.sweep import run_sweep
 
     print(f"[geosweep] sweep {spec.name!r}: results in {out / spec.name}", flush=True)
@@ -162,10 +163,12 @@ def _execute(spec, out: Path, address: str | None, resume: bool) -> int:
 
     try:
         result = run_sweep(spec, out, address=address, resume=resume,
-                           printer=lambda s: print(s, flush=True))
+                           printer=lambda s: print(s, flush=True), extend=extend)
     except RayStartError as e:
         print(f"geosweep: error: {e}", file=sys.stderr)
         return 1
+    except SpecError as e:  # an extension that does not apply (checked before Ray starts)
+        raise UsageError(str(e)) from None
     c = result.counts
     print(f"[geosweep] finished in {result.wall_s:.0f}s: "
           + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))
@@ -201,9 +204,19 @@ def _dry_run(spec) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from orchestrator.experiments import Extension
+
+    for flag in ("more_seeds", "num_samples"):
+        n = getattr(args, flag)
+        if n is not None and n < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {n}")
+    if args.more_seeds and args.num_samples:
+        raise UsageError("--more-seeds and --num-samples: give one of them per resume")
     root = _sweep_dir(args.dir)
     spec = _load_spec(str(root / "spec.yaml"))
-    return _execute(spec, root.parent, args.address, resume=True)
+    _check_address(args.address)
+    ext = Extension(more_seeds=args.more_seeds or 0, num_samples=args.num_samples or 0)
+    return _execute(spec, root.parent, args.address, resume=True, extend=ext or None)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -228,7 +241,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.analysis import ReportError, write_report
 
     try:
-        out = write_report(root, baseline=args.baseline)
+        out = write_report(root, baseline=args.baseline, metric=args.metric)
     except ReportError as e:
         raise UsageError(str(e)) from None
     print(out.read_text() if out.suffix == ".md" else out)
@@ -311,9 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--parquet-root", default=None, help="Parquet root (path or fs URI)")
     r.set_defaults(fn=cmd_run)
 
-    rs = sub.add_parser("resume", help="finish an interrupted sweep")
+    rs = sub.add_parser("resume", help="finish an interrupted sweep, or extend a finished one")
     rs.add_argument("dir")
     rs.add_argument("--address", default=None)
+    rs.add_argument("--more-seeds", type=int, default=None, metavar="N",
+                    help="add N seeds: every grid arm (or completed search trial) again")
+    rs.add_argument("--num-samples", type=int, default=None, metavar="N",
+                    help="add N trials to a random/Optuna search (the study continues)")
     rs.set_defaults(fn=cmd_resume)
 
     s = sub.add_parser("status", help="trials of a sweep folder")
@@ -323,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="tables and figures from a sweep's Parquet dataset")
     rp.add_argument("dir")
     rp.add_argument("--baseline", default=None, help="arm label to compare against")
+    rp.add_argument("--metric", default="final_val_loss",
+                    help="per-trial value the arm table compares: a trial column "
+                    "(final_val_loss, best_val_loss, val/loss) or eval/<corpus>/<metric> "
+                    "from `geosweep eval`")
     rp.set_defaults(fn=cmd_report)
 
     u = sub.add_parser("ui", help="open the MLflow UI on a sweep's store")
@@ -341,10 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from cluster.cli import add_cluster_commands
     from orchestrator.continuity_cmd import add_continuity_command
+    from orchestrator.eval_cmd import add_eval_command
     from orchestrator.search_p_cli import add_search_p_command
 
     add_search_p_command(sub)
     add_continuity_command(sub)
+    add_eval_command(sub)
     add_cluster_commands(sub)
     return p
 
@@ -366,4 +389,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m orchestrator.cli`: run the imported module's main, not this __main__ copy,
+    # so that a UsageError raised by another module (orchestrator.cli.UsageError) is the
+    # class main() catches (one line, exit 2) instead of a traceback.
+    from orchestrator.cli import main as _main
+
+    sys.exit(_main())

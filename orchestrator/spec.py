@@ -56,7 +56,8 @@ _KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 _INF = ("inf", "+inf", ".inf", "infinity", "+infinity")
 _POSITIVE = ("model.residual.p", "optim.lr", "optim.muon.lr")  # > 0; inf allowed only for p
 _BUDGET = {"steps": "train.steps", "eval_every": "train.eval_every",
-           "metrics_every": "train.metrics_every"}
+           "metrics_every": "train.metrics_every", "checkpoint_every": "train.checkpoint_every"}
+_CHECKPOINTS_PER_TRIAL = 10  # default: a worker failure loses at most ~10% of a trial
 
 
 class SpecError(ValueError):
@@ -207,13 +208,18 @@ class Scheduler(BaseModel):
 
 
 class Budget(BaseModel):
-    """Mapped onto train.steps / train.eval_every / train.metrics_every; unset: the preset's."""
+    """Mapped onto train.steps / eval_every / metrics_every / checkpoint_every; unset: the
+    preset's, except checkpoint_every: unset (and 0 in the preset and overrides) it becomes the
+    multiple of eval_every nearest steps / 10, so that a killed worker resumes its trial from
+    a recent checkpoint (checkpoints are taken at reports only). 0 turns them off (the final
+    checkpoint stays)."""
 
     model_config = _strict()
 
     steps: int | None = Field(None, ge=1)
     eval_every: int | None = Field(None, ge=1)
     metrics_every: int | None = Field(None, ge=0)
+    checkpoint_every: int | None = Field(None, ge=0)
 
 
 class Resources(BaseModel):
@@ -258,6 +264,8 @@ class Tracking(BaseModel):
     mlflow_uri: str | None = None
     parquet_root: str | None = None
     experiment: str | None = None
+    # final model weights kept as MLflow artifacts (orchestrator/weights.py)
+    keep_weights: Literal["best", "all", "none"] = "best"
 
 
 # --- the spec ------------------------------------------------------------------------------
@@ -325,9 +333,14 @@ class SweepSpec(BaseModel):
             raise ValueError("budget.steps: conflicts with workload.overrides train.epochs > 0 "
                              "(epochs set the steps); set one")
         try:
-            self.base_config()
+            t = self.base_config().train
         except ConfigError as e:
             raise ValueError(f"workload.overrides: {e}") from None
+        if t.checkpoint_every and t.eval_every and t.checkpoint_every % t.eval_every:
+            where = "budget" if self.budget.checkpoint_every is not None else \
+                "workload.overrides train"
+            raise ValueError(f"{where}.checkpoint_every: {t.checkpoint_every} is not a multiple "
+                             f"of eval_every ({t.eval_every}); checkpoints are taken at reports")
 
     def _check_keys(self) -> None:
         keys = list(self.space)
@@ -451,7 +464,13 @@ class SweepSpec(BaseModel):
                   if getattr(self.budget, f) is not None}
         if self.budget.steps is not None and cfg.train.epochs:
             budget["train.epochs"] = 0  # the budget's steps are the training length
-        return validate(apply_overrides(cfg, {**self.workload.overrides, **budget}))
+        cfg = validate(apply_overrides(cfg, {**self.workload.overrides, **budget}))
+        t = cfg.train
+        if self.budget.checkpoint_every is None and not t.checkpoint_every and t.steps \
+                and t.eval_every:
+            every = t.eval_every * max(1, round(t.steps / _CHECKPOINTS_PER_TRIAL / t.eval_every))
+            cfg = apply_overrides(cfg, {"train.checkpoint_every": every})
+        return cfg
 
     def trial_config(self, flat_overrides: dict[str, Any]) -> WorkloadConfig:
         """The base config with one trial's flat dotted overrides applied, validated."""

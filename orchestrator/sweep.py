@@ -2,8 +2,9 @@
 
 Layout of a sweep folder (``<out>/<name>/``): ``spec.yaml``, ``mlflow.db`` + ``mlartifacts/``
 (default MLflow store), ``parquet/`` (default dataset root), ``ray/`` (Tune/Train storage,
-checkpoints), ``optuna.db`` (the Optuna study, for Optuna searches), ``sweep.json`` (what was
-run, for ``status``/``resume``).
+checkpoints; ``ray/tune`` the first Tune experiment, ``ray/tune-<k>`` + ``ray/tune-<k>.json``
+the extensions: orchestrator/experiments.py), ``optuna.db`` (the Optuna study, for Optuna
+searches), ``sweep.json`` (what was run, for ``status``/``resume``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.experiments import Extension
 from orchestrator.spec import SweepSpec
 
-__all__ = ["SweepPaths", "SweepResult", "sweep_paths", "run_sweep", "make_progress"]
+__all__ = ["SweepPaths", "SweepResult", "sweep_paths", "run_sweep", "make_progress", "Extension"]
 
 
 @dataclass
@@ -107,23 +109,53 @@ def make_progress():
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
               address: str | None = None, resume: bool = False,
-              printer=print) -> SweepResult:
-    """Run ``spec`` on Ray (local unless ``address``). The output folder must be prepared."""
+              printer=print, extend: Extension | None = None) -> SweepResult:
+    """Run ``spec`` on Ray (local unless ``address``). The output folder must be prepared.
+
+    ``resume``: restore the sweep's last Tune experiment and finish it (finished trials are
+    not rerun; MLflow runs and Parquet rows are found again, not duplicated). ``extend``: run
+    one more experiment that adds seeds or samples to a finished sweep (orchestrator/
+    experiments.py); implies ``resume``.
+    """
     from cluster.local import connect
+    from orchestrator.experiments import (
+        FIRST,
+        build_experiment_search,
+        experiment_names,
+        load_experiment,
+        plan_extension,
+        save_experiment,
+    )
     from orchestrator.provenance import provenance
     from orchestrator.sinks.callback import SinkCallback
     from orchestrator.sinks.mlflow import MlflowSink
-    from orchestrator.sinks.parquet import ParquetSink
-    from orchestrator.space import build_search, count_trials
+    from orchestrator.sinks.parquet import ParquetSink, read_trial_records
     from orchestrator.trial import resolve_executor, trial_driver, trial_resources
     from orchestrator.worker import OBJECTIVE
 
     t0 = time.time()
     _quiet_logs()
     paths = sweep_paths(spec, out)
+    resume = resume or bool(extend)
+    # --- which experiment: the first, the last one again (resume), or a new one (extend) -----
+    names = experiment_names(paths.ray_storage) if resume else [FIRST]
+    previous = read_trial_records(paths.parquet_root, spec.name) if resume else []
+    manifest = json.loads(paths.manifest.read_text()) if resume and paths.manifest.exists() \
+        else {}
+    planned = int(manifest.get("trials", 0))
+    if extend:  # checked before Ray starts: a refused extension changes nothing
+        spec, exp = plan_extension(spec, previous, extend, planned, len(names) + 1)
+    else:
+        exp = load_experiment(paths.ray_storage, names[-1], spec)
     connect(address)  # first: a failed Ray start must leave no sweep folder behind
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.to_yaml())
+    if extend:
+        planned += exp.count
+    if extend or not resume:  # what a later resume restores this experiment with
+        save_experiment(paths.ray_storage, exp)
+    elif not resume or not planned:
+        planned = exp.count
 
     import ray.tune as tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -136,18 +168,18 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     parquet = ParquetSink(paths.parquet_root, spec.name)
     sink_cb = SinkCallback(mlflow=mlflow, parquet=parquet, sweep=spec.name,
                            metric=OBJECTIVE, background=True)
-    total = count_trials(spec)
-    progress = make_progress()(total, OBJECTIVE, spec.search.mode, printer=printer,
+    sink_cb.preload(previous)
+    progress = make_progress()(exp.count, OBJECTIVE, spec.search.mode, printer=printer,
                                label=spec.search.metric)
 
     # --- search and scheduler -----------------------------------------------------------------
     # Optuna searches keep their study in an RDB in the sweep folder: an interrupted search
-    # resumes from it and `optuna-dashboard sqlite:///<sweep>/optuna.db` can open it.
+    # resumes from it, an extension continues it, and `optuna-dashboard sqlite:///<sweep>/
+    # optuna.db` can open it.
     storage = None
     if spec.search.algorithm.startswith("optuna"):
         storage = f"sqlite:///{paths.root / 'optuna.db'}"
-    param_space, search_alg, num_samples = build_search(spec, storage=storage,
-                                                        study_name=spec.name)
+    param_space, search_alg, num_samples = build_experiment_search(exp, storage, spec.name)
     if spec.scheduler.type == "asha":
         scheduler = ASHAScheduler(
             time_attr="step", max_t=spec.scheduler.max_t or spec.base_config().train.steps,
@@ -158,19 +190,23 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
 
     trainable = tune.with_resources(
         tune.with_parameters(trial_driver, spec_dict=spec.model_dump(mode="json"),
-                             storage=str(paths.ray_storage / "train")),
+                             storage=str(paths.ray_storage / "train"),
+                             finished=frozenset(r["trial"] for r in previous if r.get(
+                                 "status") in ("completed", "diverged", "stopped"))),
         trial_resources(spec.resources))
+    callbacks = [sink_cb, progress]
     run_config = tune.RunConfig(
-        name="tune", storage_path=str(paths.ray_storage), verbose=0,
-        callbacks=[sink_cb, progress],
+        name=exp.name, storage_path=str(paths.ray_storage), verbose=0,
+        callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
-    tune_dir = paths.ray_storage / "tune"
-    if resume and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
+    tune_dir = paths.ray_storage / exp.name
+    if resume and not extend and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
         tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable,
                                    resume_unfinished=True, restart_errored=True,
                                    param_space=param_space)
+        _use_callbacks(tuner, callbacks)
     else:
         tuner = tune.Tuner(
             trainable,
@@ -186,13 +222,19 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             run_config=run_config,
         )
     paths.manifest.write_text(json.dumps({
-        "name": spec.name, "trials": total, "mlflow_uri": paths.mlflow_uri,
-        "parquet_root": paths.parquet_root, "started": t0, "address": address,
+        "name": spec.name, "trials": planned, "mlflow_uri": paths.mlflow_uri,
+        "parquet_root": paths.parquet_root, "started": manifest.get("started", t0),
+        "address": address, "experiments": names + ([exp.name] if extend else []),
     }, indent=2))
     t_fit = time.time()
     grid = tuner.fit()
     fit_s = time.time() - t_fit
+    if resume:
+        _close_orphans(sink_cb, previous, storage, spec.name)
     records = sink_cb.records()
+    from orchestrator.weights import keep_weights
+
+    keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
     mlflow.end_parent(status="FINISHED")
 
     counts: dict[str, int] = {}
@@ -205,6 +247,37 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
         best = (min if spec.search.mode == "min" else max)(ok, key=lambda r: r[key])
     del grid
     return SweepResult(paths, records, time.time() - t0, best, counts, fit_s)
+
+
+def _close_orphans(sink_cb: Any, previous: list[dict[str, Any]], storage: str | None,
+                   study_name: str) -> None:
+    """After a resumed run: trials an earlier driver started but Tune's experiment snapshot
+    never held (the driver died within the snapshot period, ~10 s) were not restored; the
+    searcher proposed their slots again. Their records and Optuna trials would stay "running"
+    forever: end them as failed, keeping their rows."""
+    seen = sink_cb.seen()
+    for r in previous:
+        if r.get("status") == "running" and r["trial"] not in seen:
+            sink_cb.abandon(r["trial"], "lost in a driver crash before Tune's experiment "
+                            "snapshot held it; the searcher re-proposed its slot")
+    sink_cb.flush()
+    if storage is None:
+        return
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+
+
+def _use_callbacks(tuner: Any, callbacks: list) -> None:
+    """A restored Tuner runs with the callbacks pickled in its ``tuner.pkl``: copies of the
+    first driver's sinks, with that driver's stale state. Swap in this driver's own. Ray
+    2.60 has no public way to do it (``Tuner.restore`` takes no run_config)."""
+    internal = getattr(tuner, "_local_tuner", None)
+    if internal is None:
+        raise RuntimeError("geosweep resume needs a local Tuner (not Ray Client)")
+    internal.get_run_config().callbacks = callbacks
 
 
 def _quiet_logs() -> None:

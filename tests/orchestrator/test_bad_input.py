@@ -153,6 +153,16 @@ CASES = [
     Case("ui_bad_port", ["ui", "{out}", "--port", "http"], "--port"),
     Case("status_not_a_sweep", ["status", "/"], "not a geosweep sweep folder"),
     Case("resume_not_a_sweep", ["resume", "{out}"], "not a geosweep sweep folder"),
+    Case("checkpoint_not_at_report", RUN, "budget.checkpoint_every",
+         _spec(budget="{steps: 4, eval_every: 2, metrics_every: 0, checkpoint_every: 3}")),
+    Case("resume_zero_seeds", ["resume", "{sweep}", "--more-seeds", "0"], "--more-seeds",
+         existing=True),
+    Case("resume_negative_samples", ["resume", "{sweep}", "--num-samples", "-2"],
+         "--num-samples", existing=True),
+    Case("resume_seeds_and_samples", ["resume", "{sweep}", "--more-seeds", "1",
+                                      "--num-samples", "1"], "one of them", existing=True),
+    Case("resume_seeds_not_int", ["resume", "{sweep}", "--more-seeds", "many"], "--more-seeds",
+         existing=True),
 ]
 
 

@@ -120,15 +120,18 @@ space:
 seeds: [0]
 search: {{algorithm: grid, max_concurrent: 1}}
 budget: {{steps: {KILL_STEPS}, eval_every: {KILL_EVAL}, metrics_every: 100}}
-resources: {{workers_per_trial: 1, cpus_per_worker: 1, executor: train, max_failures: 2}}
+resources: {{workers_per_trial: 1, cpus_per_worker: 1, executor: EXECUTOR, max_failures: 2}}
 """
 
 
 @pytest.mark.timeout(600)
-def test_worker_sigkill_resumes_from_checkpoint(tmp_path, monkeypatch):
-    """SIGKILL the trial's Ray Train worker between two checkpoints; Train's FailureConfig
-    restarts it from the last checkpoint; the curve has every step once and equals a run
-    that was never interrupted (same seed, same thread count) within 1e-6."""
+@pytest.mark.parametrize("executor, actor", [("train", "RayTrainWorker"),
+                                             ("in_trial", "ImplicitFunc")])
+def test_worker_sigkill_resumes_from_checkpoint(tmp_path, monkeypatch, executor, actor):
+    """SIGKILL the process that trains (a Ray Train worker, or the Tune trial actor of the
+    in-trial executor) between two checkpoints; Train's or Tune's FailureConfig restarts it
+    from the last checkpoint; the curve has every step once and equals a run that was never
+    interrupted (same seed, same thread count) within 1e-6."""
     from cluster.services import ray_head
 
     token = secrets.token_hex(24)
@@ -136,7 +139,7 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN", token)  # the state API client below
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     spec = tmp_path / "workerkill.yaml"
-    spec.write_text(KILL_SPEC)
+    spec.write_text(KILL_SPEC.replace("EXECUTOR", executor))
     out = tmp_path / "out"
     parquet = out / "workerkill" / "parquet"
     with ray_head(num_cpus=2, env=ray_env) as head:
@@ -154,7 +157,7 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, monkeypatch):
             from ray.util.state import list_actors
 
             actors = list_actors(address=head.gcs_address, filters=[
-                ("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")], timeout=30)
+                ("class_name", "=", actor), ("state", "=", "ALIVE")], timeout=30)
             assert len(actors) == 1, actors
             os.kill(actors[0].pid, signal.SIGKILL)
             proc.wait(400)
