@@ -228,6 +228,7 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
     t_window, items_window = t0, 0
     model.train()
     step = start_step
+    pending_rows: list[dict] = []  # metric rows collected since the last report
     for step in range(start_step, total_steps):
         lr = lr_at(step, o.lr, total_steps, o.warmup_steps, o.schedule, o.min_lr_ratio)
         opts.set_lr(lr)
@@ -269,7 +270,13 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
             divergence = monitor.check(StepInfo(step + 1, loss_val, grad_norm, lr))
 
         done = step + 1 == total_steps or divergence is not None
-        if not (done or (t.eval_every and (step + 1) % t.eval_every == 0)):
+        report_now = done or (t.eval_every and (step + 1) % t.eval_every == 0)
+        if (collector is not None and divergence is None and not report_now
+                and t.metrics_every and (step + 1) % t.metrics_every == 0):
+            # metrics_every < eval_every: collect now, send the rows with the next report
+            more, _ = collector.collect(step + 1, exact_svd=(step + 1) % svd_every == 0)
+            pending_rows += more
+        if not report_now:
             continue
 
         # --- report: eval, metrics, checkpoint ------------------------------------------
@@ -296,10 +303,11 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
                 scalars[f"val/{k}"] = v
                 curve.append(CurvePoint(n, "val", k, v, wall))
         scalars["val/best_loss"] = best_val
-        rows: list[dict] = []
+        rows, pending_rows = pending_rows, []
         if collector is not None and divergence is None and (
                 done or n % t.metrics_every == 0 or n - start_step <= t.eval_every):
-            rows, mscalars = collector.collect(n, exact_svd=(done or n % svd_every == 0))
+            more, mscalars = collector.collect(n, exact_svd=(done or n % svd_every == 0))
+            rows += more
             scalars.update(mscalars)
         stream = getattr(model, "stream", None)
         if stream is not None and hasattr(stream, "stats"):

@@ -87,6 +87,18 @@ def test_reports_carry_every_step_once():
     assert {"step", "metric", "module", "layer", "next_layer", "value"} <= set(reports[0].rows[0])
 
 
+def test_metrics_between_reports_arrive_with_the_next_report():
+    """metrics_every 2 < eval_every 6: rows of steps 2, 4 ride with the step-6 report, and the
+    loss trajectory is the one without metrics (collecting uses no global RNG)."""
+    over = {"train.steps": 12, "train.eval_every": 6, "train.metrics_every": 2}
+    reports = []
+    res = run(_cfg("mlp-debug", **over), report=reports.append)
+    steps = [sorted({r["step"] for r in rep.rows}) for rep in reports]
+    assert steps == [[0, 2, 4, 6], [8, 10, 12]]  # step 0: the gradient coherence at init
+    plain = run(_cfg("mlp-debug", **{**over, "train.metrics_every": 0}))
+    assert res.train_losses == plain.train_losses
+
+
 class _StopAt:
     """A monitor that declares divergence at a fixed step (the rules are tested elsewhere)."""
 
