@@ -56,6 +56,7 @@ class ReportConfig:
         "max attention logit": (("inst.max_logit", "inst_max_logit"), ("*",)),
     })
     max_heatmap_arms: int = 12
+    min_gap: float = 1.05  # s1/s2 below this: top-1 singular vectors ill-defined (M2)
 
 
 @dataclass
@@ -259,23 +260,44 @@ def metric_table(data: SweepData, patterns: tuple[str, ...],
     m = m[m["trial"].isin(done)] if not m.empty else m
     cols = ["arm", "metric", "module", "step", "n", "mean", "lo", "hi"]
     if m.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=cols + ["small_gap"])
     m = m[_match(m["metric"], patterns)]
     if m.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=cols + ["small_gap"])
     last = m.groupby(["trial", "metric"])["step"].transform("max")
     m = m[m["step"] == last]
     per = m.groupby(["trial", "metric", "module"], as_index=False).agg(
         value=("value", "mean"), step=("step", "max"))
     per = per.merge(data.trials[["trial", "arm"]], on="trial")
+    gap = _small_gap_share(data.metrics, done, cfg.min_gap)
     rows = []
     for (arm, metric, module), g in per.groupby(["arm", "metric", "module"], sort=False):
         mean, lo, hi = t_interval(g["value"], cfg.conf)
-        rows.append([arm, metric, module, int(g["step"].max()), len(g), mean, lo, hi])
-    out = pd.DataFrame(rows, columns=cols)
+        share = float("nan")
+        if metric.startswith("w.top1_"):
+            share = float(np.nanmean([gap.get((t, module), np.nan) for t in g["trial"]]
+                                     or [np.nan]))
+        rows.append([arm, metric, module, int(g["step"].max()), len(g), mean, lo, hi, share])
+    out = pd.DataFrame(rows, columns=cols + ["small_gap"])
     order = {a: i for i, a in enumerate(arm_order(data.trials))}
     return out.sort_values(["metric", "module", "arm"], key=lambda s: s.map(order)
                            if s.name == "arm" else s, kind="stable").reset_index(drop=True)
+
+
+def _small_gap_share(metrics: pd.DataFrame, trials: pd.Series,
+                     min_gap: float) -> dict[tuple[str, str], float]:
+    """(trial, module) -> share of its matrices whose last logged s1/s2 is below ``min_gap``.
+
+    SCIENCE.md M2: with s1/s2 < 1.05 the top singular vector is ill-defined (a Stiefel matrix
+    has s1/s2 = 1 exactly), so its top-1 continuity says nothing; read the top-k subspace."""
+    if metrics.empty:
+        return {}
+    g = metrics[(metrics["metric"] == "w.s1_s2") & metrics["trial"].isin(trials)]
+    if g.empty:
+        return {}
+    g = g[g["step"] == g.groupby("trial")["step"].transform("max")]
+    share = (g["value"] < min_gap).groupby([g["trial"], g["module"]]).mean()
+    return {k: float(v) for k, v in share.items()}
 
 
 # --- markdown ------------------------------------------------------------------------------
@@ -677,12 +699,21 @@ def write_report(root: str | Path, baseline: str | None = None,
                   "Per arm and module: each completed trial's last-step value averaged over "
                   "layers, mean [t-interval] over seeds. All rows: [metrics.csv](metrics.csv).",
                   ""]
+        flagged = False
         for metric, g in mtab.groupby("metric", sort=False):
-            piv = g.assign(v=[_ci(*x) for x in zip(g["mean"], g["lo"], g["hi"])]).pivot(
+            mark = ["†" if sh >= 0.5 else "" for sh in g["small_gap"].fillna(0.0)]
+            flagged = flagged or any(mark)
+            piv = g.assign(v=[_ci(*x) + mk for x, mk in zip(
+                zip(g["mean"], g["lo"], g["hi"]), mark)]).pivot(
                 index="arm", columns="module", values="v")
             piv = piv.reindex(index=[a for a in arm_order(data.trials) if a in set(g["arm"])],
                               columns=_module_order(piv.columns))
             lines += [f"### `{metric}`", "", _md_table(piv.reset_index()), ""]
+        if flagged:
+            lines += [f"† s1/s2 < {cfg.min_gap} for most of these matrices at the last "
+                      "step: the top singular vector is ill-defined (a Stiefel matrix has "
+                      "s1/s2 = 1), so top-1 continuity says nothing there; read the top-k "
+                      "subspace rows (`w.sub4_*`, SCIENCE.md M2) in metrics.csv.", ""]
     lines += ["## Trials", "", _md_table(trials[lead]), ""]
     if skipped:
         lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]

@@ -119,6 +119,9 @@ def _metric_rows(arm: str, seed: int, last: int) -> pd.DataFrame:
                 rows.append((step, "base.top1_v", module, layer, layer + 1, 0.05))
                 rows.append((step, "w.sigma_max", module, layer, -1,
                              1.0 + growth * step / 100 + 0.1 * layer))
+                # a degenerate top gap for q in the p=inf arm (as on the Stiefel manifold)
+                rows.append((step, "w.s1_s2", module, layer, -1,
+                             1.01 if (arm == PINF and module == "q") else 1.5))
         for layer in range(4):
             rows.append((step, "inst.max_logit", "attn", layer, -1, 5.0 + step * growth / 10))
     return pd.DataFrame(rows, columns=["step", "metric", "module", "layer", "next_layer",
@@ -169,7 +172,7 @@ def test_load_sweep_reads_all_tables(sweep):
     n_train = 13 * 101 + 31 + 41 + 71
     assert (d.curves["split"] == "train").sum() == n_train
     assert set(d.metrics["metric"]) == {"w.top1_v", "base.top1_v", "w.sigma_max",
-                                        "inst.max_logit"}
+                                        "inst.max_logit", "w.s1_s2"}
 
 
 def test_fallback_reader_matches_sink_reader(sweep):
@@ -309,6 +312,18 @@ def test_metric_table_last_step_of_completed_trials(sweep):
     vals = [0.2 + 0.1 + 0.4 + 0.01 * s for s in (2, 3)]
     assert row["n"].item() == 2 and row["step"].item() == 100
     assert row["mean"].item() == pytest.approx(np.mean(vals))
+
+
+def test_small_spectral_gap_is_flagged(sweep):
+    """SCIENCE.md M2: top-1 continuity of matrices with s1/s2 < 1.05 is marked, not trusted."""
+    out = pd.read_csv(sweep["root"] / "report" / "metrics.csv")
+    top1 = out[out["metric"] == "w.top1_v"].set_index(["arm", "module"])["small_gap"]
+    assert top1[(PINF, "q")] == 1.0
+    assert (top1.drop(index=(PINF, "q")) == 0.0).all()
+    assert out.loc[out["metric"] != "w.top1_v", "small_gap"].isna().all()
+    text = (sweep["root"] / "report" / "report.md").read_text()
+    assert text.count("\u2020") == 2  # the one flagged cell and its footnote
+    assert "s1/s2 < 1.05" in text
 
 
 def test_report_skips_missing_parts_visibly(tmp_path):
