@@ -35,7 +35,8 @@ def _steps_per_second(preset: str) -> float:
     return 40 / res.train_time_s
 
 
-def _spec(name: str, steps: int, executor: str, slots: int, trials: int = 8):
+def _spec(name: str, steps: int, executor: str, slots: int, trials: int = 8,
+          checkpoint_every: int | None = None):
     from orchestrator.spec import spec_from_dict
 
     return spec_from_dict({
@@ -44,7 +45,8 @@ def _spec(name: str, steps: int, executor: str, slots: int, trials: int = 8):
         "space": {"optim.lr": {"grid": [1e-3 * (1 + i / 10) for i in range(trials)]}},
         "seeds": [0],
         "search": {"algorithm": "grid", "max_concurrent": slots},
-        "budget": {"steps": steps, "eval_every": max(1, steps // 4), "metrics_every": 0},
+        "budget": {"steps": steps, "eval_every": max(1, steps // 4), "metrics_every": 0,
+                   "checkpoint_every": checkpoint_every},
         "resources": {"workers_per_trial": 1,
                       "cpus_per_worker": 1.0 if executor == "in_trial" else 0.9,
                       "executor": executor},
@@ -87,13 +89,16 @@ def main() -> None:
     connect()
     rows = {}
     try:
-        plans = [("5s", 5.0, "in_trial"), ("5s_train", 5.0, "train")]
+        # 5s: the default checkpoints (~every 10% of a trial, at reports); 5s_nockpt: only
+        # the final one. Their fit-time ratio is what crash safety costs on short trials.
+        plans = [("5s", 5.0, "in_trial", None), ("5s_nockpt", 5.0, "in_trial", 0),
+                 ("5s_train", 5.0, "train", None)]
         if not args.quick:
-            plans.append(("60s", 60.0, "in_trial"))
-        for label, secs, executor in plans:
+            plans.append(("60s", 60.0, "in_trial", None))
+        for label, secs, executor, ckpt in plans:
             steps = max(8, int(secs * sps))
             rows[label] = _measure(_spec(f"eff-{label.replace('_', '-')}", steps, executor,
-                                         args.slots), out, args.slots)
+                                         args.slots, checkpoint_every=ckpt), out, args.slots)
             rows[label]["executor"] = executor
             rows[label]["steps"] = steps
     finally:
@@ -104,10 +109,10 @@ def main() -> None:
 
     print(f"gpt-debug: {sps:.1f} steps/s calibrated; {args.slots} concurrent slots; "
           f"8 trials per sweep; wall = Tuner.fit")
-    print(f"{'sweep':<10}{'executor':<10}{'steps':>6}{'train s/trial':>14}{'fit s':>8}"
+    print(f"{'sweep':<11}{'executor':<10}{'steps':>6}{'train s/trial':>14}{'fit s':>8}"
           f"{'efficiency':>11}{'overhead/trial':>15}{'setup/trial':>12}{'start cost':>11}")
     for k, r in rows.items():
-        print(f"{k:<10}{r['executor']:<10}{r['steps']:>6}{r['train_s_mean']:>14.2f}"
+        print(f"{k:<11}{r['executor']:<10}{r['steps']:>6}{r['train_s_mean']:>14.2f}"
               f"{r['fit_s']:>8.1f}{r['efficiency']:>11.3f}{r['overhead_per_trial_s']:>15.2f}"
               f"{r['setup_per_trial_s']:>12.2f}{r['start_cost_s']:>11.1f}")
     out_json = {
@@ -116,6 +121,8 @@ def main() -> None:
         "overhead_per_trial_s_in_trial": rows["5s"]["overhead_per_trial_s"],
         "overhead_per_trial_s_torchtrainer": rows["5s_train"]["overhead_per_trial_s"],
         "sweep_start_cost_s": rows["5s"]["start_cost_s"],
+        "efficiency_5s_final_checkpoint_only": rows["5s_nockpt"]["efficiency"],
+        "fit_ratio_checkpoints_vs_final_only": rows["5s"]["fit_s"] / rows["5s_nockpt"]["fit_s"],
     }
     if "60s" in rows:
         out_json["efficiency_60s"] = rows["60s"]["efficiency"]

@@ -230,7 +230,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     grid = tuner.fit()
     fit_s = time.time() - t_fit
     if resume:
-        _close_orphans(sink_cb, previous, storage, spec.name)
+        _close_orphans(sink_cb, mlflow, previous, storage, spec.name)
     records = sink_cb.records()
     from orchestrator.weights import keep_weights
 
@@ -249,17 +249,22 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     return SweepResult(paths, records, time.time() - t0, best, counts, fit_s)
 
 
-def _close_orphans(sink_cb: Any, previous: list[dict[str, Any]], storage: str | None,
-                   study_name: str) -> None:
+def _close_orphans(sink_cb: Any, mlflow: Any, previous: list[dict[str, Any]],
+                   storage: str | None, study_name: str) -> None:
     """After a resumed run: trials an earlier driver started but Tune's experiment snapshot
-    never held (the driver died within the snapshot period, ~10 s) were not restored; the
-    searcher proposed their slots again. Their records and Optuna trials would stay "running"
-    forever: end them as failed, keeping their rows."""
+    never held (the driver died within the snapshot period, 2 s) were not restored; the
+    searcher proposed their slots again. Their records, MLflow child runs (one may exist
+    without a Parquet record when the crash fell between the two writes) and Optuna trials
+    would stay "running" forever: end them as failed, keeping their rows."""
+    why = "lost in a driver crash before Tune's experiment snapshot held it; the searcher " \
+          "re-proposed its slot"
     seen = sink_cb.seen()
     for r in previous:
         if r.get("status") == "running" and r["trial"] not in seen:
-            sink_cb.abandon(r["trial"], "lost in a driver crash before Tune's experiment "
-                            "snapshot held it; the searcher re-proposed its slot")
+            sink_cb.abandon(r["trial"], why)
+    sink_cb.flush()
+    for tid in mlflow.running_children():
+        sink_cb.abandon(tid, why)
     sink_cb.flush()
     if storage is None:
         return

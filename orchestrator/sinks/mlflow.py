@@ -161,6 +161,14 @@ class MlflowSink:
             hist = self.client.get_metric_history(run_id, key)
             self._last_step[(trial_id, key)] = max(m.step for m in hist)
 
+    def running_children(self) -> list[str]:
+        """Trial ids of this sweep's child runs still RUNNING (after a sweep: a crash's orphans)."""
+        filt = (f"tags.`{TAG}sweep` = '{self.sweep}' and tags.`{TAG}role` = 'child' and "
+                "attributes.status = 'RUNNING'")
+        runs = self.client.search_runs([self.experiment_id], filter_string=filt,
+                                       max_results=50000)
+        return sorted({r.data.tags.get(f"{TAG}trial_id") for r in runs} - {None})
+
     def end_child(self, trial_id: str, status: str, tags: dict | None = None) -> None:
         """Tag the final status (completed | diverged | stopped | failed); end the run."""
         if status not in _END_STATUS:

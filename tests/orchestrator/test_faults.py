@@ -9,6 +9,7 @@ bounded by a timeout; leftover processes are killed by process group.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -74,6 +75,18 @@ def _wait(cond, timeout: float, proc: subprocess.Popen, log: Path, what: str):
     pytest.fail(f"{what}: timed out\n" + log.read_text(errors="replace")[-3000:])
 
 
+def _alive_actor_pids(address: str, class_name: str, env: dict[str, str]) -> list[int]:
+    """Ray's state API, asked from a fresh process: Ray caches its auth mode per process, and
+    another test of this session may have started a token-less Ray in this one."""
+    code = ("import json, sys; from ray.util.state import list_actors; "
+            "a = list_actors(address=sys.argv[1], filters=[('class_name', '=', sys.argv[2]), "
+            "('state', '=', 'ALIVE')], timeout=30); print(json.dumps([x.pid for x in a]))")
+    r = subprocess.run([sys.executable, "-c", code, address, class_name], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _train_steps(curves, trial: str, metric: str = "loss", split: str = "train") -> list[int]:
     c = curves[(curves["trial"] == trial) & (curves["split"] == split)
                & (curves["metric"] == metric)]
@@ -127,7 +140,7 @@ resources: {{workers_per_trial: 1, cpus_per_worker: 1, executor: EXECUTOR, max_f
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("executor, actor", [("train", "RayTrainWorker"),
                                              ("in_trial", "ImplicitFunc")])
-def test_worker_sigkill_resumes_from_checkpoint(tmp_path, monkeypatch, executor, actor):
+def test_worker_sigkill_resumes_from_checkpoint(tmp_path, executor, actor):
     """SIGKILL the process that trains (a Ray Train worker, or the Tune trial actor of the
     in-trial executor) between two checkpoints; Train's or Tune's FailureConfig restarts it
     from the last checkpoint; the curve has every step once and equals a run that was never
@@ -136,8 +149,6 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, monkeypatch, executor,
 
     token = secrets.token_hex(24)
     ray_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-    monkeypatch.setenv("RAY_AUTH_TOKEN", token)  # the state API client below
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
     spec = tmp_path / "workerkill.yaml"
     spec.write_text(KILL_SPEC.replace("EXECUTOR", executor))
     out = tmp_path / "out"
@@ -154,12 +165,9 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, monkeypatch, executor,
                 return step if step >= 2 * KILL_CKPT and step % KILL_CKPT else None
 
             killed_at = _wait(ready, 300, proc, log, "first reports")
-            from ray.util.state import list_actors
-
-            actors = list_actors(address=head.gcs_address, filters=[
-                ("class_name", "=", actor), ("state", "=", "ALIVE")], timeout=30)
-            assert len(actors) == 1, actors
-            os.kill(actors[0].pid, signal.SIGKILL)
+            pids = _alive_actor_pids(head.gcs_address, actor, _env(**ray_env))
+            assert len(pids) == 1, pids
+            os.kill(pids[0], signal.SIGKILL)
             proc.wait(400)
         finally:
             _kill_group(proc)
@@ -250,7 +258,7 @@ def test_driver_kill_resume_and_extend(tmp_path):
                 else None
             if t is None or not len(t):
                 return None
-            done = t[t["status"] == "completed"]
+            done = t[(t["status"] == "completed") & t["ended_at"].notna()]  # Tune ended it
             last = _curve_last_steps(parquet, "crash")
             running = [k for k in t.loc[t["status"] == "running", "trial"]
                        if 60 <= last.get(k, 0) < CRASH_STEPS]
@@ -292,7 +300,8 @@ def test_driver_kill_resume_and_extend(tmp_path):
         assert _metric_steps(db, children[tid], "train/loss") == list(range(1, CRASH_STEPS + 1))
     study = [s for _, s in _optuna_trials(sweep / "optuna.db")]  # the study continued
     assert study.count("COMPLETE") == CRASH_SAMPLES and set(study) <= {"COMPLETE", "FAIL"}
-    assert study.count("FAIL") == len(lost), study
+    # orphans, plus any trial the searcher had proposed that never started before the kill
+    assert study.count("FAIL") >= len(lost), study
     n = len(everything)
 
     # --- 3. extend the finished sweep ---------------------------------------------------------

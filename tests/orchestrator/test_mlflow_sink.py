@@ -157,3 +157,17 @@ def test_errors_and_parent_artifact(store, tmp_path):
 def test_flatten_params():
     flat = flatten_params({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None, "f": {}})
     assert flat == {"a.b": "1", "a.c.d": "[1, 2]", "e": "None", "f": "{}"}
+
+
+def test_running_children_lists_only_this_sweeps_unfinished_trials(store):
+    uri, _ = store
+    a = MlflowSink(uri, "e", "sw")
+    a.start_parent(SPEC, {}, PROV)
+    for t in ("t1", "t2", "t3"):
+        a.start_child(t, {})
+    a.end_child("t2", "completed")
+    other = MlflowSink(uri, "e", "other")
+    other.start_parent(SPEC, {}, PROV)
+    other.start_child("t9", {})
+    assert a.running_children() == ["t1", "t3"]
+    assert other.running_children() == ["t9"]
