@@ -28,6 +28,10 @@ _ENV = {
     # a trial started within the period before a driver crash is lost to Tune (sweep.py
     # _close_orphans). The snapshot of a sweep is a few kB.
     "TUNE_GLOBAL_CHECKPOINT_S": "2",
+    # Tune also forces a snapshot when a trial checkpointed num_to_keep (2) times since the
+    # last one, and then warns that snapshots "may become a bottleneck": ours are a few kB on
+    # the sweep's own storage (measured: no cost, benchmarks/sweep_efficiency.py).
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
     "HF_DATASETS_OFFLINE": os.environ.get("HF_DATASETS_OFFLINE", "0"),
     "PYTHONWARNINGS": "ignore::DeprecationWarning",
 }
