@@ -728,30 +728,16 @@ def write_report(root: str | Path, baseline: str | None = None,
 # --- MLflow --------------------------------------------------------------------------------
 
 
-def _store_reachable(uri: str) -> str | None:
-    """Why the store cannot be used, or None. Checked first: MlflowClient retries for
-    minutes on a dead server and silently creates an empty sqlite file."""
-    if uri.startswith(("http://", "https://")):
-        import urllib.error
-        import urllib.request
-
-        try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=3).read()
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            return f"server {uri} unreachable ({e})"
-    elif uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        return f"store {uri} does not exist"
-    return None
-
-
 def _log_to_mlflow(data: SweepData, folder: Path) -> str:
     """Log ``folder`` as artifacts ``report/`` of the sweep's parent run; one-line outcome."""
     uri = data.manifest.get("mlflow_uri")
     if not uri:
         return "not logged: the sweep has no mlflow_uri"
-    why = _store_reachable(str(uri))
+    from orchestrator.runs import store_problem
+
+    why = store_problem(str(uri))
     if why:
-        return f"not logged: MLflow {why}"
+        return f"not logged: {why}"
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=str(uri))
