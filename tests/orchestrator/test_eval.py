@@ -34,7 +34,9 @@ DONE = ("abc12_00000", "abc12_00001")
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
+    # one offline switch, whatever the caller's environment has (.ci/run sets both)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
 
 
 @pytest.fixture(scope="module")
