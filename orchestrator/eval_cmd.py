@@ -9,7 +9,9 @@ the Hugging Face hub is reachable and ``--no-hub`` is not given, on WikiText-2 a
 report DIR --metric eval/<corpus>/loss`` then compares arms on them.
 
 Every input is checked before anything is evaluated or written; a bad one is one line, exit 2.
-Trials without a final checkpoint (diverged, failed, stopped early) are listed and skipped.
+A trial stopped early by the scheduler (ASHA) is scored on its last checkpoint (its weights
+when it stopped; the step is recorded). Diverged and failed trials are listed and skipped: their
+last checkpoint predates the failure and is not the model the trial ended with.
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ def run_eval(sweep_dir: str | Path, trials: list[str] | None = None,
     selected = table if not trials else table[table["trial"].astype(str).isin(trials)]
     for _, rec in selected.iterrows():
         tid, status = str(rec["trial"]), str(rec.get("status"))
-        ckpt = final_checkpoint(root, tid) if status == "completed" else None
+        ckpt = final_checkpoint(root, tid) if status in ("completed", "stopped") else None
         if ckpt is None:
             detail = status
             if status == "diverged" and pd.notna(rec.get("divergence_step")):

@@ -357,3 +357,25 @@ def test_end_to_end_sweep_eval_load_and_report(tmp_path, capsys):
     assert main(["report", str(root), "--metric", "eval/shakespeare-val/loss"]) == 0
     arms = (root / "report" / "arms.csv").read_text()
     assert "eval/shakespeare-val/loss" in arms
+
+
+@pytest.mark.timeout(180)
+def test_stopped_trial_is_scored_on_its_last_checkpoint(tmp_path, monkeypatch):
+    """A trial ASHA stopped early ends with the weights of its last checkpoint: scored there
+    (its step recorded); a diverged one is not (its checkpoint predates the divergence)."""
+    import test_weights
+
+    from orchestrator.sinks.parquet import ParquetSink
+
+    monkeypatch.setattr(test_weights, "TRIALS", {
+        "abc12_00000": ("completed", 1e-3, 2.50), "abc12_00001": ("completed", 3e-3, 2.40)})
+    sw = make_sweep(tmp_path)
+    # ASHA stopped abc12_00001 after its step-8 checkpoint: same files, status "stopped"
+    ParquetSink(sw.parquet_root, "fake").write_trial({
+        "trial": "abc12_00001", "status": "stopped", "arm": "optim.lr=0.003", "seed": 0,
+        "params": {"optim.lr": 3e-3, "train.seed": 0}})
+    lines: list[str] = []
+    run_eval(str(sw.root), max_batches=1, printer=lines.append)
+    got = read_eval(sw.parquet_root, "fake")
+    assert set(got["trial"]) == {"abc12_00000", "abc12_00001"}
+    assert set(got.loc[got["trial"] == "abc12_00001", "step"]) == {8}
