@@ -152,10 +152,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     paths.spec.write_text(spec.to_yaml())
     if extend:
         planned += exp.count
-    if extend or not resume:  # what a later resume restores this experiment with
-        save_experiment(paths.ray_storage, exp)
     elif not resume or not planned:
         planned = exp.count
+    if extend or not resume:  # what a later resume restores this experiment with
+        save_experiment(paths.ray_storage, exp)
 
     import ray.tune as tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler

@@ -273,6 +273,7 @@ def test_driver_kill_resume_and_extend(tmp_path):
         _kill_group(proc)  # hygiene: Ray processes the dead driver left behind
     before = read_trials(str(parquet), sweep="crash").set_index("trial")
     assert (before["status"] == "running").any()
+    assert json.loads((sweep / "sweep.json").read_text())["trials"] == CRASH_SAMPLES
 
     # running into the existing folder refuses without --resume/--overwrite (no Ray started)
     r = _cli(["run", str(spec), "--out", str(out)], env, timeout=60)
@@ -314,6 +315,9 @@ def test_driver_kill_resume_and_extend(tmp_path):
         assert ext.loc[tid, "status"] == everything.loc[tid, "status"]
     assert [s for _, s in _optuna_trials(sweep / "optuna.db")].count("COMPLETE") == 6
     assert len(_mlflow_children(db)) == n + 2
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    assert manifest["trials"] == CRASH_SAMPLES + 2
+    assert manifest["experiments"] == ["tune", "tune-2"]
 
     r = _cli(["resume", str(sweep), "--more-seeds", "1"], env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -323,6 +327,9 @@ def test_driver_kill_resume_and_extend(tmp_path):
     for _, g in seeded.groupby("optim.lr"):  # each configuration now has seeds 0 and 1
         assert sorted(g["seed"].tolist()) == [0, 1]
     assert len(_mlflow_children(db)) == n + 8
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    assert manifest["trials"] == CRASH_SAMPLES + 2 + 6
+    assert manifest["experiments"] == ["tune", "tune-2", "tune-3"]
     import yaml
 
     assert yaml.safe_load((sweep / "spec.yaml").read_text())["seeds"] == [0, 1]
