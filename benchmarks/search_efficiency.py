@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.search_p import search_p  # noqa: E402
-from orchestrator.sinks.parquet import read_trials  # noqa: E402
-from orchestrator.spec import spec_from_dict  # noqa: E402
-from orchestrator.sweep import run_sweep  # noqa: E402
+from orchestrator.store.parquet import read_trials  # noqa: E402
+from orchestrator.sweep.search_p import search_p  # noqa: E402
+from orchestrator.sweep.spec import spec_from_dict  # noqa: E402
+from orchestrator.sweep.tuner import run_sweep  # noqa: E402
 
 FULL = {"p": [0.25, 1.0, 4.0, 16.0, "inf"], "lr": [1e-3, 3e-3, 1e-2], "seeds": 2, "steps": 40,
         "eval_every": 10, "trials": 12}

@@ -37,7 +37,7 @@ def _steps_per_second(preset: str) -> float:
 
 def _spec(name: str, steps: int, executor: str, slots: int, trials: int = 8,
           checkpoint_every: int | None = None):
-    from orchestrator.spec import spec_from_dict
+    from orchestrator.sweep.spec import spec_from_dict
 
     return spec_from_dict({
         "name": name,
@@ -54,7 +54,7 @@ def _spec(name: str, steps: int, executor: str, slots: int, trials: int = 8,
 
 
 def _measure(spec, out: str, slots: int) -> dict:
-    from orchestrator.sweep import run_sweep
+    from orchestrator.sweep.tuner import run_sweep
 
     t0 = time.time()
     res = run_sweep(spec, out, printer=lambda s: None)

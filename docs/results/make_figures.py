@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from orchestrator.sinks.parquet import read_curves, read_metrics, read_trials  # noqa: E402
+from orchestrator.store.parquet import read_curves, read_metrics, read_trials  # noqa: E402
 
 __all__ = ["norm_early_loss", "norm_final_vs_lr", "mlp_coherence", "main"]
 

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(600)]
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     """``geosweep ARGV`` in-process, with the cluster commands registered (whether or not
-    orchestrator/cli.py already wires them): (exit code, stdout, stderr)."""
+    orchestrator/cli/__init__.py already wires them): (exit code, stdout, stderr)."""
     import orchestrator.cli as ocli  # registers the cluster commands itself
 
     capsys.readouterr()
@@ -127,7 +127,7 @@ def test_submit_sweep_to_two_node_cluster(tmp_path: Path, monkeypatch, capsys):
         assert token not in seen + so + se + so_stop
 
         # results: Parquet (node of every trial) and the MLflow server (parent + 2 children)
-        from orchestrator.sinks.parquet import read_trials
+        from orchestrator.store.parquet import read_trials
 
         trials = read_trials(str(out / "cluster-smoke" / "parquet"), sweep="cluster-smoke")
         assert len(trials) == 2

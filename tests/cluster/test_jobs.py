@@ -81,7 +81,7 @@ def test_checkout_spec_outside_repo_is_staged_with_a_clean_copy(tmp_path):
         work = Path(sub.runtime_env["working_dir"])
         assert work != ROOT and work.is_relative_to(Path(sub.staged))
         assert (work / STAGED_SPEC_DIR / "my spec.yaml").read_text() == spec.read_text()
-        assert (work / "orchestrator" / "cli.py").is_file()
+        assert (work / "orchestrator" / "cli" / "__init__.py").is_file()
         assert (work / "pyproject.toml").is_file()
         names = {p.name for p in work.rglob("*")}
         assert not names & {".git", ".venv", "__pycache__", ".pytest_cache", "geosweep-runs"}
@@ -234,7 +234,7 @@ def test_submit_sends_bearer_token_and_uploads_clean_project(fake_api, monkeypat
     (zipped,) = _FakeJobs.uploads.values()
     names = zipfile.ZipFile(io.BytesIO(zipped)).namelist()
     assert f"{STAGED_SPEC_DIR}/tiny.yaml" in names
-    assert "orchestrator/cli.py" in names and "cluster/jobs.py" in names
+    assert "orchestrator/cli/__init__.py" in names and "cluster/jobs.py" in names
     bad = [n for n in names if any(p in (".git", ".venv", "__pycache__", "geosweep-runs")
                                    for p in n.split("/"))]
     assert bad == []

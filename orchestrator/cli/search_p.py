@@ -1,0 +1,98 @@
+"""``geosweep search-p [SPEC]``: the automatic optimal-p search (``orchestrator.sweep.search_p``).
+
+``add_search_p_command(subparsers)`` registers the subcommand on geosweep's parser;
+``python -m orchestrator.cli.search_p [SPEC] [options]`` runs it on its own. User errors are
+``orchestrator.cli.UsageError`` (one line, exit code 2), raised before Ray starts.
+``orchestrator.cli`` is imported inside the functions, so ``cli.py`` may import this module
+at its top without a cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["add_search_p_command", "cmd_search_p", "main"]
+
+DEFAULT_SPEC = "spheret_p_search"
+
+
+def _positive(name: str, low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {low}, got {v}")
+        return v
+
+    return parse
+
+
+def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from orchestrator.cli import DEFAULT_OUT
+
+    sp = subparsers.add_parser(
+        "search-p", help="find the best p: Optuna + ASHA search, then top-k x seeds confirmation")
+    sp.add_argument("spec", nargs="?", default=DEFAULT_SPEC,
+                    help=f"a shipped spec name or a YAML path (default: {DEFAULT_SPEC})")
+    sp.add_argument("--out", default=DEFAULT_OUT, help="parent folder of the sweep folder")
+    sp.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
+    sp.add_argument("--top-k", type=_positive("--top-k", 1), default=3,
+                    help="configurations to confirm (default 3)")
+    sp.add_argument("--confirm-seeds", type=_positive("--confirm-seeds", 2), default=3,
+                    help="seeds per confirmed configuration (default 3)")
+    sp.add_argument("--sampler", choices=("tpe", "gp"), default=None,
+                    help="Optuna sampler (default: the spec's, else tpe)")
+    sp.add_argument("--resume", action="store_true", help="continue an interrupted search")
+    sp.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
+    sp.set_defaults(fn=cmd_search_p)
+    return sp
+
+
+def cmd_search_p(args: argparse.Namespace) -> int:
+    from orchestrator.cli import UsageError, _check_address, _check_out_dir, prepare_sweep_folder
+    from orchestrator.sweep.search_p import SearchPError, search_p, stage1_spec
+    from orchestrator.sweep.spec import SpecError, load_spec
+    from orchestrator.sweep.tuner import sweep_paths
+
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite are mutually exclusive")
+    try:
+        spec = stage1_spec(load_spec(args.spec), args.sampler)
+    except (SpecError, SearchPError) as e:
+        raise UsageError(str(e)) from None
+    out = _check_out_dir(args.out)
+    _check_address(args.address)
+    prepare_sweep_folder(sweep_paths(spec, out).root, resume=args.resume,
+                         overwrite=args.overwrite)
+    try:
+        res = search_p(spec, out, address=args.address, top_k=args.top_k,
+                       confirm_seeds=args.confirm_seeds, sampler=args.sampler,
+                       resume=args.resume, printer=lambda s: print(s, flush=True))
+    except SearchPError as e:
+        raise UsageError(str(e)) from None
+    print(f"[search-p] report: {res.files['markdown']}")
+    print(f"[search-p] study:   optuna-dashboard sqlite:///{res.files['optuna_db']}")
+    return 0 if res.best is not None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orchestrator.cli import UsageError
+
+    parser = argparse.ArgumentParser(prog="geosweep")
+    add_search_p_command(parser.add_subparsers(dest="command", required=True))
+    try:
+        args = parser.parse_args(["search-p", *(sys.argv[1:] if argv is None else argv)])
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        print(f"geosweep: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

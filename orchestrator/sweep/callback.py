@@ -1,0 +1,345 @@
+"""The Tune callback that feeds both sinks from the driver (the single writer of results).
+
+It reads the underscore keys of the Tune result payload (docs/contracts.md): ``_curve``,
+``_rows``, ``_status``, ``_divergence``, ``_node``, ``_timing``, ``_trial_params``, ``_arm``,
+``_seed``. Per result: curve and metric parts to Parquet, batched metrics to MLflow, the
+trial's record refreshed (Parquet ``trials`` is overwritten). At the end: the final record
+and the MLflow child's end.
+
+Final status:
+- ``diverged``: the worker's last ``_status`` was diverged (reason/step from ``_divergence``);
+- ``completed``: the worker said completed;
+- ``stopped``: Tune completed the trial while the worker still said running (a scheduler such
+  as ASHA stopped it early, or a stopper);
+- ``failed``: ``on_trial_error``: an infrastructure failure (worker death, exception) after
+  Tune's retries.
+
+Restarts. A trial restarts from its last checkpoint at step ``s`` and re-reports steps
+``s+1..`` when Tune recovers it (``on_trial_recover``, in-trial executor), when Ray Train
+restarts its worker group (TorchTrainer executor: Tune never hears of it) or when a resumed
+driver restores it. Whichever it was, the sign is the same: a result whose first curve step is not
+above the last step already on disk. The Parquet sink then drops the lost segment
+(``truncate_after(first - 1)``) before writing, so every step is on disk exactly once, and the
+trial's ``retries`` counts the restart; MLflow keeps the first value per step (see
+store/mlflow.py; on CPU a resumed run re-computes identical values).
+
+A resumed driver ``preload``s the records already in Parquet, so a trial Tune only
+re-finalises keeps its status and the sweep's result covers every trial. Works without Ray
+running: every hook only needs ``trial.trial_id`` and ``trial.config``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from ray.tune import Callback
+
+from orchestrator.store.mlflow import TAG, MlflowSink
+from orchestrator.store.parquet import ParquetSink
+from orchestrator.sweep.space import flat_from_tune_config
+
+__all__ = ["SinkCallback", "FINAL_STATUSES"]
+
+log = logging.getLogger(__name__)
+
+FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
+_P_KEY = "model.residual.p"
+_SEED_KEY = "train.seed"
+
+
+def _scalars(result: dict) -> dict[str, float]:
+    """Reported metric values: numeric keys with a '/' (``train/loss``, ``val/loss``)."""
+    return {k: float(v) for k, v in result.items()
+            if "/" in k and not k.startswith(("_", "config/"))
+            and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _error_text(trial: Any) -> str:
+    """Last line of Tune's error file for the trial (the exception), if any."""
+    path = getattr(trial, "error_file", None)
+    try:
+        with open(path) as f:
+            lines = [line.strip() for line in f if line.strip()]
+        return lines[-1][:2000] if lines else "error"
+    except (OSError, TypeError):
+        return "error"
+
+
+class SinkCallback(Callback):
+    """Tune callback writing every trial to Parquet and MLflow; keeps the trial records."""
+
+    def __init__(
+        self,
+        parquet: ParquetSink | None = None,
+        mlflow: MlflowSink | None = None,
+        metric: str = "val/loss",
+        sweep: str | None = None,
+        clock: Callable[[], float] = time.time,
+        background: bool = False,
+    ) -> None:
+        self.parquet, self.mlflow, self.metric, self.clock = parquet, mlflow, metric, clock
+        # background=True: hooks only enqueue; one writer thread does the I/O, so a slow
+        # MLflow/Parquet write never stalls Tune's event loop (and with it every trial).
+        self.background = background
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._now: float | None = None
+        self.sweep = sweep or (parquet.sweep if parquet else mlflow.sweep if mlflow else None)
+        self._records: dict[str, dict[str, Any]] = {}
+        self._resumed: set[str] = set()
+        self._seen: set[str] = set()
+        self._tagged: dict[str, dict[str, Any]] = {}  # MLflow tags already set per trial
+
+    # --- public ---------------------------------------------------------------------------
+    def records(self) -> list[dict[str, Any]]:
+        """The latest record of every trial seen (TRIAL_SCHEMA fields + params + scalars)."""
+        self.flush()
+        return [copy.deepcopy(self._records[k]) for k in sorted(self._records)]
+
+    def preload(self, records: list[dict[str, Any]]) -> None:
+        """Records of trials an earlier driver of this sweep already wrote (resume/extend)."""
+        for rec in records:
+            rec = copy.deepcopy(rec)
+            rec.setdefault("params", {})
+            rec.setdefault("scalars", {})
+            self._records[str(rec["trial"])] = rec
+
+    def seen(self) -> set[str]:
+        """Trials a Tune hook of this driver touched (preloaded ones excluded)."""
+        self.flush()
+        return set(self._seen)
+
+    def abandon(self, trial_id: str, error: str) -> None:
+        """End a preloaded trial that this driver's Tune never ran as ``failed``: a driver crash
+        lost it before Tune's experiment snapshot held it, and the searcher re-proposed its slot
+        (its rows stay, marked by ``error``)."""
+        trial = SimpleNamespace(trial_id=trial_id, config={})
+        self._defer(self._do_abandon, trial, error) or self._do_abandon(trial, error)
+
+    def _do_abandon(self, trial: Any, error: str) -> None:
+        rec = self._record(trial)
+        rec["error"] = error
+        if self.mlflow is not None:  # find the child again so that it can be ended
+            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec))
+        self._finish(trial, "failed")
+
+    def flush(self) -> None:
+        """Wait until every queued write is done; re-raise the first writer error."""
+        if self._queue is not None:
+            self._queue.join()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"result sink failed: {err!r}") from err
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        self.flush()
+
+    # --- background writer ----------------------------------------------------------------
+    def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
+        state = dict(self.__dict__)
+        state.update(_queue=None, _thread=None, _error=None)
+        return state
+
+    def _defer(self, fn: Callable[..., None], trial: Any, *args: Any) -> bool:
+        """Run ``fn(snapshot, *args)`` on the writer thread; False when not in background."""
+        if not self.background:
+            return False
+        if self._queue is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._drain, name="geosweep-sink",
+                                            daemon=True)
+            self._thread.start()
+        snap = SimpleNamespace(trial_id=trial.trial_id, config=dict(trial.config or {}),
+                               error_file=getattr(trial, "error_file", None))
+        self._queue.put((fn, snap, args, self.clock()))
+        return True
+
+    def _drain(self) -> None:
+        while True:
+            fn, snap, args, now = self._queue.get()
+            try:
+                self._now = now  # timestamps are those of the Tune event, not of the write
+                fn(snap, *args)
+            except BaseException as e:  # noqa: BLE001 - reported by flush()
+                log.error("geosweep result sink: %r", e)
+                self._error = self._error or e
+            finally:
+                self._now = None
+                self._queue.task_done()
+
+    def _time(self) -> float:
+        return self._now if self._now is not None else self.clock()
+
+    # --- Tune hooks -----------------------------------------------------------------------
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_start, trial) or self._do_trial_start(trial)
+
+    def _do_trial_start(self, trial: Any) -> None:
+        rec = self._record(trial)
+        if rec["status"] not in ("completed", "diverged"):  # else: a finished trial re-started
+            rec["status"] = "running"                       # by a resume; it keeps its outcome
+        if self.mlflow is not None:
+            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec))
+        self._write(rec)
+
+    def on_trial_restore(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_restore, trial) or self._do_trial_restore(trial)
+
+    def _do_trial_restore(self, trial: Any) -> None:
+        self._resumed.add(trial.trial_id)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_recover, trial) or self._do_trial_recover(trial)
+
+    def _do_trial_recover(self, trial: Any) -> None:
+        rec = self._record(trial)
+        rec["retries"] = (rec.get("retries") or 0) + 1
+        rec["error"] = _error_text(trial)
+        self._resumed.add(trial.trial_id)
+        self._write(rec)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info) -> None:
+        self._defer(self._do_trial_result, trial, result) or self._do_trial_result(trial, result)
+
+    def _do_trial_result(self, trial: Any, result: dict) -> None:
+        tid = trial.trial_id
+        rec = self._record(trial)
+        if result.get("_config") and self.mlflow is not None:
+            # the whole resolved workload config, dotted keys (first report of a trial only)
+            self.mlflow.log_params(tid, result["_config"])
+        curve, rows = result.get("_curve") or [], result.get("_rows") or []
+        self._update(rec, result, curve)
+        # The curve has the train loss of every step since the last report, so its first step
+        # tells a restart; a repeated report of the same step (rows only) is not one.
+        if self.parquet is not None and curve:
+            first = min(int(p["step"]) for p in curve)
+            last = self.parquet.last_step(tid)
+            if last is not None and first <= last:  # a restart: drop the lost segment
+                self.parquet.truncate_after(tid, first - 1)
+                if tid not in self._resumed:  # Tune did not see it (a Train worker restart)
+                    rec["retries"] = (rec.get("retries") or 0) + 1
+            self._resumed.discard(tid)
+        if self.parquet is not None:
+            self.parquet.write_curve(tid, curve)
+            self.parquet.write_metrics(tid, rows)
+        if self.mlflow is not None:
+            self.mlflow.log_curve(tid, curve)
+            step = int(result.get("step", rec.get("last_step") or 0))
+            self.mlflow.log_scalars(tid, _scalars(result), step)
+            for r in rows:  # model-wide rows only; per-layer rows live in Parquet
+                if r.get("module", "") == "" and r.get("layer", -1) < 0:
+                    self.mlflow.log_scalars(tid, {f"geo/{r['metric']}": r["value"]}, r["step"])
+            self._set_tags(tid, self._tags(rec))
+        self._write(rec)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_complete, trial) or self._do_trial_complete(trial)
+
+    def _do_trial_complete(self, trial: Any) -> None:
+        rec = self._record(trial)
+        status = rec["status"] if rec["status"] in ("completed", "diverged") else "stopped"
+        self._finish(trial, status)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
+        self._defer(self._do_trial_error, trial) or self._do_trial_error(trial)
+
+    def _do_trial_error(self, trial: Any) -> None:
+        self._record(trial)["error"] = _error_text(trial)
+        self._finish(trial, "failed")
+
+    # --- records --------------------------------------------------------------------------
+    def _record(self, trial: Any) -> dict[str, Any]:
+        tid = trial.trial_id
+        self._seen.add(tid)
+        if tid not in self._records:
+            params = flat_from_tune_config(dict(getattr(trial, "config", None) or {}))
+            self._records[tid] = {
+                "trial": tid, "sweep": self.sweep, "status": "running", "params": params,
+                "scalars": {}, "seed": params.get(_SEED_KEY), "retries": 0,
+                "started_at": self._time(),
+            }
+        return self._records[tid]
+
+    def _update(self, rec: dict, result: dict, curve: list[dict]) -> None:
+        if result.get("_trial_params"):
+            rec["params"] = dict(result["_trial_params"])
+        for src, dst in (("_arm", "arm"), ("_seed", "seed"), ("_node", "node")):
+            if result.get(src) is not None:
+                rec[dst] = result[src]
+        if result.get("_timing"):
+            rec["timing"] = dict(result["_timing"])
+            rec["timing_json"] = json.dumps(rec["timing"])
+        if result.get("_status"):
+            rec["status"] = result["_status"]
+        div = result.get("_divergence")
+        if div:
+            rec["divergence_reason"] = div.get("reason")
+            rec["divergence_step"] = div.get("step")
+            rec["divergence_detail"] = div.get("detail")
+        if "step" in result:
+            rec["last_step"] = int(result["step"])
+        scalars = _scalars(result)
+        rec["scalars"].update(scalars)
+        if self.metric in result:
+            rec["objective"] = float(result[self.metric])
+        rec["final_train_loss"] = rec["scalars"].get("train/loss")
+        rec["final_val_loss"] = rec["scalars"].get("val/loss")
+        vals = [p["value"] for p in curve if p.get("split") == "val" and p.get("metric") == "loss"]
+        vals += [scalars["val/loss"]] if "val/loss" in scalars else []
+        vals += [rec["best_val_loss"]] if rec.get("best_val_loss") is not None else []
+        finite = [float(v) for v in vals if math.isfinite(v)]
+        rec["best_val_loss"] = min(finite) if finite else None
+
+    def _finish(self, trial: Any, status: str) -> None:
+        rec = self._record(trial)
+        # a trial finished before a driver crash and re-finalised after the resume keeps its times
+        again = rec.get("ended_at") is not None and rec["status"] == status
+        rec["status"] = status
+        if not again:
+            rec["ended_at"] = self._time()
+        rec["wall_s"] = rec["ended_at"] - rec["started_at"]
+        timing = rec.get("timing") or {}
+        rec["train_s"] = timing.get("train_s")
+        rec["setup_s"] = timing.get("setup_s")
+        rec["overhead_s"] = rec["wall_s"] - rec["train_s"] if rec["train_s"] is not None else None
+        self._write(rec)
+        if self.mlflow is not None:
+            tags = self._tags(rec)
+            tags.update({f"{TAG}best_val_loss": rec.get("best_val_loss"),
+                         f"{TAG}wall_s": rec["wall_s"], f"{TAG}overhead_s": rec["overhead_s"],
+                         f"{TAG}error": rec.get("error") if status == "failed" else None})
+            self.mlflow.end_child(trial.trial_id, status, tags)
+
+    def _write(self, rec: dict) -> None:
+        if self.parquet is not None:
+            self.parquet.write_trial(rec)
+
+    # --- MLflow tags ----------------------------------------------------------------------
+    def _tags(self, rec: dict) -> dict[str, Any]:
+        tags = {f"{TAG}status": rec["status"], f"{TAG}arm": rec.get("arm"),
+                f"{TAG}seed": rec.get("seed"), f"{TAG}p": rec["params"].get(_P_KEY),
+                f"{TAG}node": rec.get("node"), f"{TAG}retries": rec.get("retries")}
+        if rec.get("divergence_reason"):
+            tags[f"{TAG}divergence.reason"] = rec["divergence_reason"]
+            tags[f"{TAG}divergence.step"] = rec.get("divergence_step")
+            tags[f"{TAG}divergence.detail"] = rec.get("divergence_detail")
+        return {k: v for k, v in tags.items() if v is not None}
+
+    def _set_tags(self, tid: str, tags: dict[str, Any]) -> None:
+        """Only the tags that changed since the last call (one log_batch less per result)."""
+        done = self._tagged.setdefault(tid, {})
+        new = {k: v for k, v in tags.items() if done.get(k) != v}
+        if new:
+            self.mlflow.set_tags(tid, new)
+            done.update(new)

@@ -1,0 +1,453 @@
+"""``geosweep search-p``: find the best p (and its lr) automatically, with a confidence interval.
+
+Stage 1 (search): the spec's Optuna search (TPE, or GP) over log p in [0.25, 64] plus p = inf
+and log lr, with the spec's scheduler (ASHA). The Optuna study lives in
+``<sweep dir>/optuna.db`` (SQLite, study name = sweep name), handed to Ray's ``OptunaSearch``
+through ``build_search(spec, storage=..., study_name=...)``: every ask/report/tell goes to the
+RDB as it happens, so ``optuna-dashboard sqlite:///<sweep dir>/optuna.db`` shows it live and
+an interrupted search resumes (Tune restores the searcher, whose study is the same RDB study).
+Diverged trials are told their penalty value (``orchestrator.sweep.divergence.penalty_value``) as a
+COMPLETE observation, so the sampler learns where (p, lr) is unstable.
+
+Stage 2 (confirmation): the top-k distinct configurations of stage 1 (completed trials by
+lowest final validation loss, then ASHA-stopped ones by rung reached) are rerun at the full
+budget with ``confirm_seeds`` fresh seeds (seeds not used in stage 1: the stage-1 winner's own
+seed would carry its selection bias).
+A grid spec cannot pair values of two keys (its space is a product), so each configuration is
+one grid sweep ``<name>-confirm-<rank>`` whose workload overrides fix (p, lr) and whose seeds
+are the repeats; all of them log into stage 1's MLflow store and Parquet root.
+
+Output: the best p with a 95% t-interval of the final validation loss over the confirmation
+seeds, the runners-up, a divergence map (``divergence_map.png``) and Optuna's parameter
+importances, printed and written to ``<sweep dir>/search_p.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.analysis.stats import t_interval
+from orchestrator.sweep.space import PREFIX, SPECIAL, flat_from_tune_config
+from orchestrator.sweep.spec import SpecError, SweepSpec, spec_from_dict
+
+__all__ = ["P_KEY", "LR_KEY", "SAMPLERS", "SearchPError", "SearchPResult", "search_p",
+           "stage1_spec", "confirm_specs", "observations", "params_from_optuna", "select_top_k",
+           "summarize", "param_importances", "divergence_map", "render_markdown",
+           "storage_url", "trial_steps"]
+
+P_KEY = "model.residual.p"
+LR_KEY = "optim.lr"
+SAMPLERS = {"tpe": "optuna-tpe", "gp": "optuna-gp"}
+MIN_IMPORTANCE_TRIALS = 3
+
+
+class SearchPError(ValueError):
+    """A user-facing search-p problem: one line."""
+
+
+@dataclass
+class SearchPResult:
+    best: dict[str, Any] | None
+    runners_up: list[dict[str, Any]]
+    importances: dict[str, float] | None
+    importance_note: str
+    stage1: list[dict[str, Any]]  # observations (see ``observations``)
+    confirm: list[dict[str, Any]]
+    files: dict[str, str] = field(default_factory=dict)
+    trial_steps: dict[str, int] = field(default_factory=dict)
+
+
+# --- specs ---------------------------------------------------------------------------------
+
+
+def _as_dict(spec: SweepSpec) -> dict[str, Any]:
+    return yaml.safe_load(spec.to_yaml())  # the documented lossless round trip
+
+
+def stage1_spec(spec: SweepSpec, sampler: str | None = None) -> SweepSpec:
+    """``spec`` with ``search.algorithm`` set by ``sampler`` (tpe | gp), re-validated.
+
+    ``None``: the spec's own Optuna sampler, TPE when the spec names none."""
+    if sampler is None:
+        own = {v: k for k, v in SAMPLERS.items()}
+        sampler = own.get(spec.search.algorithm, "tpe")
+    if sampler not in SAMPLERS:
+        raise SearchPError(f"sampler: {sampler!r} is not valid; valid: {', '.join(SAMPLERS)}")
+    if P_KEY not in spec.space:
+        raise SearchPError(f"space: search-p searches {P_KEY}, which spec {spec.name!r} does not "
+                           f"have; its keys: {', '.join(spec.space) or '-'}")
+    d = _as_dict(spec)
+    d["search"]["algorithm"] = SAMPLERS[sampler]
+    try:
+        return spec_from_dict(d)
+    except SpecError as e:
+        raise SearchPError(str(e)) from None
+
+
+def confirm_specs(spec: SweepSpec, configs: list[dict[str, Any]], n_seeds: int,
+                  mlflow_uri: str | None = None,
+                  parquet_root: str | None = None) -> list[SweepSpec]:
+    """One full-budget grid sweep per configuration: overrides fix it, seeds repeat it."""
+    if n_seeds < 2:
+        raise SearchPError(f"confirm_seeds: a confidence interval needs >= 2 seeds, got {n_seeds}")
+    first = max(spec.seeds) + 1  # fresh seeds: see the module docstring
+    base = _as_dict(spec)
+    out = []
+    for rank, params in enumerate(configs, 1):
+        d = {k: base[k] for k in ("workload", "divergence", "budget", "resources")}
+        d["workload"]["overrides"] = {**base["workload"].get("overrides", {}), **params}
+        d.update(name=f"{spec.name[:52]}-confirm-{rank}", space={},
+                 description=f"search-p confirmation {rank}: {spec.arm_label(params)}",
+                 seeds=list(range(first, first + n_seeds)),
+                 search={"algorithm": "grid", "max_concurrent": spec.search.max_concurrent,
+                         "metric": spec.search.metric, "mode": spec.search.mode},
+                 scheduler={"type": "none"},
+                 tracking={"mlflow_uri": mlflow_uri, "parquet_root": parquet_root})
+        try:
+            out.append(spec_from_dict(d))
+        except SpecError as e:
+            raise SearchPError(f"confirmation of {spec.arm_label(params)}: {e}") from None
+    return out
+
+
+def storage_url(root: Path) -> str:
+    return f"sqlite:///{Path(root).resolve() / 'optuna.db'}"
+
+
+# --- observations --------------------------------------------------------------------------
+
+
+def params_from_optuna(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Optuna's ``trial/<key>`` + ``trial/<key>:special`` params -> flat dotted overrides."""
+    pre = PREFIX + "/"
+    return flat_from_tune_config({k[len(pre):] if k.startswith(pre) else k: v
+                                  for k, v in params.items()})
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _value(v: Any) -> Any:
+    """A param value as a trial row holds it; ``None`` when absent (NaN in a Parquet column)."""
+    return v if isinstance(v, (str, bool)) else _num(v)
+
+
+def observations(rows: Iterable[Mapping[str, Any]], keys: list[str],
+                 default_lr: float | None = None) -> list[dict[str, Any]]:
+    """Trial records (``SweepResult.records`` or Parquet trial rows) -> observations.
+
+    An observation: ``trial, status, p, lr, params`` (the searched ``keys`` only, seed
+    excluded), ``loss`` (final validation loss), ``objective`` (what the searcher was told),
+    ``steps`` (trial-steps spent) and ``seed``.
+    """
+    out = []
+    for r in rows:
+        src = r.get("params") if isinstance(r.get("params"), Mapping) else r
+        params = {k: v for k in keys if k in src and (v := _value(src[k])) is not None}
+        seed = _num(r.get("seed"))
+        out.append({
+            "trial": r.get("trial"), "status": r.get("status"),
+            "seed": None if seed is None else int(seed),
+            "p": params.get(P_KEY), "lr": params.get(LR_KEY, default_lr), "params": params,
+            "loss": _num(r.get("final_val_loss")), "objective": _num(r.get("objective")),
+            "steps": int(_num(r.get("last_step")) or 0),
+        })
+    return out
+
+
+def trial_steps(obs: Iterable[Mapping[str, Any]]) -> int:
+    return sum(o["steps"] for o in obs)
+
+
+def _ident(params: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in params.items()))
+
+
+def select_top_k(obs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """The ``k`` best distinct configurations of stage 1, seed excluded.
+
+    Completed trials first, lowest final val loss first. Under ASHA few trials complete, so
+    the remaining places go to early-stopped trials, those that reached the highest rung
+    first (then the lower loss there). Diverged and failed trials are never confirmed.
+    """
+    def finite(o: Mapping[str, Any]) -> bool:
+        return o["loss"] is not None and math.isfinite(o["loss"])
+
+    done = sorted((o for o in obs if o["status"] == "completed" and finite(o)),
+                  key=lambda o: o["loss"])
+    stopped = sorted((o for o in obs if o["status"] == "stopped" and finite(o)),
+                     key=lambda o: (-o["steps"], o["loss"]))
+    chosen, seen = [], set()
+    for o in done + stopped:
+        sig = _ident(o["params"])
+        if sig not in seen:
+            seen.add(sig)
+            chosen.append(dict(o["params"]))
+        if len(chosen) == k:
+            break
+    return chosen
+
+
+def summarize(configs: list[dict[str, Any]], obs: list[dict[str, Any]],
+              default_lr: float | None = None) -> list[dict[str, Any]]:
+    """Per configuration: the 95% t-interval of the final val loss over its completed seeds.
+
+    Sorted by mean (configurations without a completed seed last); diverged seeds are counted,
+    not averaged (``t_interval`` takes finite values of completed runs only).
+    """
+    rows = []
+    for params in configs:
+        mine = [o for o in obs if _ident(o["params"]) == _ident(params)]
+        losses = [o["loss"] for o in mine if o["status"] == "completed" and o["loss"] is not None]
+        mean, lo, hi = t_interval(losses)
+        rows.append({"p": params.get(P_KEY), "lr": params.get(LR_KEY, default_lr),
+                     "params": dict(params), "mean": mean, "lo": lo, "hi": hi,
+                     "n": len(losses), "n_diverged": sum(o["status"] == "diverged" for o in mine),
+                     "n_runs": len(mine), "losses": losses})
+    return sorted(rows, key=lambda r: (math.isnan(r["mean"]), r["mean"]))
+
+
+# --- importances and the divergence map ----------------------------------------------------
+
+
+def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
+    """Optuna's fANOVA importances keyed by dotted config keys, or ``None`` and the reason.
+
+    ``trial/<key>`` and its ``trial/<key>:special`` switch (``inf`` or a finite value) are
+    both parts of the choice of ``<key>``: their importances are summed.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(done) < MIN_IMPORTANCE_TRIALS:
+        return None, (f"parameter importances need >= {MIN_IMPORTANCE_TRIALS} finished "
+                      f"trials; the study has {len(done)}")
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)  # deterministic
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "few trials per regime": the note says n
+            raw = optuna.importance.get_param_importances(study, evaluator=evaluator)
+    except (ValueError, RuntimeError) as e:
+        return None, f"parameter importances unavailable: {' '.join(str(e).split())}"
+    if not raw:
+        return None, "parameter importances unavailable: no parameter is shared by all trials"
+    merged: dict[str, float] = {}
+    pre = PREFIX + "/"
+    for name, v in raw.items():
+        key = name.removeprefix(pre).removesuffix(SPECIAL)
+        merged[key] = merged.get(key, 0.0) + float(v)
+    return dict(sorted(merged.items(), key=lambda kv: -kv[1])), (
+        f"fANOVA over {len(done)} finished trials (p's inf switch counted with p)")
+
+
+def divergence_map(obs: list[dict[str, Any]], path: Path) -> Path:
+    """log2 p vs log10 lr: x = diverged, colour = final val loss, p = inf at the right."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    pts = [o for o in obs if o["p"] is not None and o["lr"] is not None and o["lr"] > 0]
+    finite = [math.log2(o["p"]) for o in pts if math.isfinite(o["p"])]
+    x_inf = max([6.0, *finite]) + 1.5  # right of the searched range (log2 64 = 6)
+    fig = Figure(figsize=(6.4, 4.4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+
+    def xy(group):
+        return ([math.log2(o["p"]) if math.isfinite(o["p"]) else x_inf for o in group],
+                [math.log10(o["lr"]) for o in group])
+
+    done = [o for o in pts if o["status"] == "completed" and o["loss"] is not None]
+    stopped = [o for o in pts if o["status"] == "stopped"]
+    div = [o for o in pts if o["status"] == "diverged"]
+    if done:
+        sc = ax.scatter(*xy(done), c=[o["loss"] for o in done], cmap="viridis", s=40,
+                        edgecolors="k", linewidths=0.4, label="completed", zorder=3)
+        fig.colorbar(sc, ax=ax, label="final val loss")
+    if stopped:
+        ax.scatter(*xy(stopped), facecolors="none", edgecolors="0.5", s=30,
+                   label="stopped early (ASHA)", zorder=2)
+    if div:
+        ax.scatter(*xy(div), marker="x", c="red", s=50, label="diverged", zorder=4)
+    ax.axvline(x_inf - 0.75, color="0.8", linestyle=":")
+    ticks = sorted({-2, 0, 2, 4, 6} | {round(v) for v in finite})
+    ax.set_xlim(min([-2.0, *finite]) - 0.5, x_inf + 0.5)
+    ax.set_xticks([*ticks, x_inf], [*(f"{2.0 ** t:g}" for t in ticks), "inf"])
+    ax.set_xlabel("p (log scale; GeoNorm p = inf at the right)")
+    ax.set_ylabel("log10 learning rate")
+    ax.set_title(f"where (p, lr) diverged: {len(div)} of {len(pts)} trials")
+    if pts:
+        ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+def _fmt_p(p: Any) -> str:
+    return "-" if p is None else ("inf" if p == math.inf else f"{p:.4g}")
+
+
+def _fmt_ci(r: Mapping[str, Any]) -> str:
+    if math.isnan(r["lo"]):
+        return "-"
+    return f"[{r['lo']:.4f}, {r['hi']:.4f}]"
+
+
+def render_markdown(name: str, res: SearchPResult, notes: list[str]) -> str:
+    lines = [f"# search-p: {name}", "", *notes, ""]
+    b = res.best
+    if b is None:
+        lines.append("**No configuration completed its confirmation runs**: no best p.")
+    else:
+        lines.append(f"**Best p = {_fmt_p(b['p'])}** (lr {b['lr']:.3g}): final val loss "
+                     f"{b['mean']:.4f}, 95% CI {_fmt_ci(b)} over {b['n']} seeds "
+                     f"({b['n_diverged']} diverged)")
+    lines += ["", "| rank | p | lr | mean final val loss | 95% CI | completed seeds | diverged |",
+              "|---:|---:|---:|---:|---|---:|---:|"]
+    for i, r in enumerate(([b] if b else []) + res.runners_up, 1):
+        mean = "-" if math.isnan(r["mean"]) else f"{r['mean']:.4f}"
+        lines.append(f"| {i} | {_fmt_p(r['p'])} | {r['lr']:.3g} | {mean} | {_fmt_ci(r)} | "
+                     f"{r['n']} | {r['n_diverged']} |")
+    div = [o for o in res.stage1 if o["status"] == "diverged"]
+    lines += ["", "## Where (p, lr) diverged", "",
+              f"{len(div)} of {len(res.stage1)} search trials diverged "
+              "(each told to the sampler with its penalty value).", "",
+              "![divergence map](divergence_map.png)", ""]
+    for o in sorted(div, key=lambda o: (o["p"] or 0, o["lr"] or 0)):
+        lines.append(f"- p = {_fmt_p(o['p'])}, lr = {o['lr']:.3g}: diverged by step {o['steps']}")
+    lines += ["", "## Parameter importances", ""]
+    if res.importances is None:
+        lines.append(res.importance_note)
+    else:
+        lines += [res.importance_note, "", "| parameter | importance |", "|---|---:|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in res.importances.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float):
+        return None if math.isnan(v) else ("inf" if v == math.inf else v)
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "item"):
+        return _jsonable(v.item())
+    return v
+
+
+# --- running it ----------------------------------------------------------------------------
+
+
+def _run_stage1(spec: SweepSpec, out: Path, address: str | None, resume: bool,
+                printer: Callable[[str], None], storage: str) -> Any:
+    """``run_sweep`` of stage 1; its Optuna study lives in ``<sweep dir>/optuna.db``."""
+    from orchestrator.sweep.tuner import run_sweep, sweep_paths
+
+    assert storage == storage_url(sweep_paths(spec, out).root), storage
+    return run_sweep(spec, out, address=address, resume=resume, printer=printer)
+
+
+def _trial_rows(result: Any, name: str) -> list[dict[str, Any]]:
+    """Parquet's trial table (every session of a resumed sweep), else this session's records."""
+    from orchestrator.store.parquet import read_trials
+
+    try:
+        df = read_trials(result.paths.parquet_root, sweep=name)
+    except (OSError, ValueError, KeyError):
+        return result.records
+    return df.to_dict("records") if len(df) else result.records
+
+
+def search_p(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
+             address: str | None = None, top_k: int = 3, confirm_seeds: int = 3,
+             sampler: str | None = None, resume: bool = False,
+             printer: Callable[[str], None] = print) -> SearchPResult:
+    """Stage 1 (Optuna search, RDB study) then stage 2 (top-k x seeds); writes the report.
+
+    ``sampler``: tpe | gp, or ``None`` for the spec's own. ``resume``: continue the search in
+    ``<out>/<name>`` (its Tune state and Optuna study); without it an existing study is an error.
+    """
+    import optuna
+
+    from orchestrator.sweep.tuner import run_sweep, sweep_paths
+
+    if top_k < 1:
+        raise SearchPError(f"top_k: must be >= 1, got {top_k}")
+    s1 = stage1_spec(spec, sampler)
+    confirm_specs(s1, [], confirm_seeds)  # checks confirm_seeds before anything runs
+    root = sweep_paths(s1, out).root
+    db = root / "optuna.db"
+    if db.exists() and not resume:
+        raise SearchPError(f"{db} already exists: resume the search or start a new folder")
+    url = storage_url(root)
+    lr0 = s1.base_config().optim.lr
+
+    # --- stage 1: the search ----------------------------------------------------------------
+    printer(f"[search-p] stage 1: {s1.search.num_samples} trials by {s1.search.algorithm}, "
+            f"scheduler {s1.scheduler.type}; study {url}")
+    r1 = _run_stage1(s1, Path(out), address, resume, printer, url)
+    obs1 = observations(_trial_rows(r1, s1.name), list(s1.space), lr0)
+    configs = select_top_k(obs1, top_k)
+
+    # --- stage 2: confirmation ----------------------------------------------------------------
+    specs = confirm_specs(s1, configs, confirm_seeds, r1.paths.mlflow_uri, r1.paths.parquet_root)
+    obs2: list[dict[str, Any]] = []
+    for cs, params in zip(specs, configs):
+        printer(f"[search-p] stage 2: {cs.name} = {s1.arm_label(params)} x {confirm_seeds} seeds")
+        again = resume and (root / "confirm" / cs.name).exists()
+        r = run_sweep(cs, root / "confirm", address=address, resume=again, printer=printer)
+        for o in observations(_trial_rows(r, cs.name), [], lr0):
+            o.update(params=dict(params), p=params.get(P_KEY), lr=params.get(LR_KEY, lr0))
+            obs2.append(o)
+    rows = summarize(configs, obs2, lr0)
+
+    # --- the report ---------------------------------------------------------------------------
+    study = optuna.load_study(study_name=s1.name, storage=url)
+    imps, note = param_importances(study)
+    map_path = divergence_map(obs1, root / "divergence_map.png")
+    best = rows[0] if rows and rows[0]["n"] else None
+    res = SearchPResult(best=best, runners_up=rows[1:] if best else rows, importances=imps,
+                        importance_note=note, stage1=obs1, confirm=obs2,
+                        trial_steps={"stage1": trial_steps(obs1), "confirm": trial_steps(obs2)})
+    res.files = {"markdown": str(root / "search_p.md"), "json": str(root / "search_p.json"),
+                 "divergence_map": str(map_path), "optuna_db": str(db)}
+    counts: dict[str, int] = {}
+    for o in obs1:
+        counts[o["status"]] = counts.get(o["status"], 0) + 1
+    notes = [f"Stage 1: {len(obs1)} trials by {s1.search.algorithm} with scheduler "
+             f"{s1.scheduler.type} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}),"
+             f" {res.trial_steps['stage1']} trial-steps. Optuna study: "
+             f"`optuna-dashboard {url}`.",
+             f"Stage 2: top {len(configs)} configurations x {confirm_seeds} fresh seeds at the "
+             f"full budget ({s1.base_config().train.steps} steps), "
+             f"{res.trial_steps['confirm']} trial-steps. CIs: 95% t-interval over completed "
+             "seeds of the final validation loss."]
+    text = render_markdown(s1.name, res, notes)
+    Path(res.files["markdown"]).write_text(text)
+    payload = {"name": s1.name, "algorithm": s1.search.algorithm, "best": best,
+               "runners_up": res.runners_up, "importances": imps, "importance_note": note,
+               "trial_steps": res.trial_steps,
+               "stage1": obs1, "confirm": obs2, "files": res.files, "study": url,
+               "study_name": s1.name}
+    Path(res.files["json"]).write_text(json.dumps(_jsonable(payload), indent=2))
+    printer(text)
+    return res

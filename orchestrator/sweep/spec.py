@@ -1,0 +1,640 @@
+"""The sweep spec: one validated pydantic model per YAML section (docs/contracts.md "Sweep spec").
+
+Every error a user can make becomes ONE line naming the dotted field and what would be valid,
+raised as ``SpecError``: pydantic's ``ValidationError`` is reduced to its first error
+(``format_validation_error``), and the cross-field rules (algorithm vs. parameter kinds, ASHA vs.
+budget, space values vs. the workload config) raise lines of the same shape.
+
+A trial is a flat dict of dotted overrides (``{"optim.lr": 1e-3, "train.seed": 0}``) applied to
+the preset, then the workload overrides, then the budget (``base_config``/``trial_config``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.sweep.divergence import DivergenceRules
+from workloads.config import (
+    PRESETS,
+    ConfigError,
+    WorkloadConfig,
+    apply_overrides,
+    flatten,
+    validate,
+)
+
+__all__ = [
+    "SpecError", "Param", "Workload", "Search", "Scheduler", "Budget", "Resources", "Tracking",
+    "SweepSpec", "load_spec", "spec_from_dict", "spec_from_text", "format_validation_error",
+    "MAX_SPEC_BYTES", "MAX_YAML_NODES", "KINDS",
+]
+
+MAX_SPEC_BYTES = 1_000_000
+MAX_YAML_NODES = 100_000  # after alias expansion: a billion-laughs file is refused
+MAX_YAML_DEPTH = 64
+MAX_CHECKED_COMBOS = 256  # corner combinations of a space validated against the workload
+KINDS = ("grid", "choice", "uniform", "loguniform", "int")
+_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
+_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
+_INF = ("inf", "+inf", ".inf", "infinity", "+infinity")
+_POSITIVE = ("model.residual.p", "optim.lr", "optim.muon.lr")  # > 0; inf allowed only for p
+_BUDGET = {"steps": "train.steps", "eval_every": "train.eval_every",
+           "metrics_every": "train.metrics_every", "checkpoint_every": "train.checkpoint_every"}
+_CHECKPOINTS_PER_TRIAL = 10  # default: a worker failure loses at most ~10% of a trial
+
+
+class SpecError(ValueError):
+    """A user-facing sweep-spec error; its message is one line naming the bad field."""
+
+
+def _strict() -> ConfigDict:
+    return ConfigDict(extra="forbid", strict=True, ser_json_inf_nan="constants")
+
+
+def _scalar(v: Any, where: str) -> Any:
+    """A space value: str, bool, int or float; the strings inf/.inf mean math.inf."""
+    if isinstance(v, str) and v.strip().lower() in _INF:
+        return math.inf
+    if isinstance(v, float) and v != v:
+        raise ValueError(f"{where}: NaN is not a valid value")
+    if not isinstance(v, (str, bool, int, float)):
+        raise ValueError(f"{where}: values must be strings, numbers or booleans, got {v!r}")
+    return v
+
+
+def _ident(v: Any) -> tuple[str, Any]:
+    """Identity of a space value: 1 and 1.0 are the same number, True is not 1."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return ("num", float(v))
+    return (type(v).__name__, v)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "inf" if v == math.inf else f"{v:.6g}"
+    return str(v)
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+class Param(BaseModel):
+    """One distribution: exactly one of ``grid | choice | uniform | loguniform | int``.
+
+    ``int`` bounds are inclusive. ``also`` adds special values (``inf`` for p) to any kind;
+    ``when`` makes the parameter exist only where earlier space keys take the given value(s).
+    """
+
+    model_config = _strict()
+
+    grid: list[Any] | None = None
+    choice: list[Any] | None = None
+    uniform: list[float] | None = None
+    loguniform: list[float] | None = None
+    int: list[builtins.int] | None = None  # the YAML word; builtins: the name shadows int
+    also: list[Any] = Field(default_factory=list)
+    when: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> Param:
+        given = [k for k in KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"needs exactly one of {', '.join(KINDS)}, got "
+                             f"{', '.join(given) or 'none'}")
+        kind = given[0]
+        vals = getattr(self, kind)
+        if kind in ("grid", "choice"):
+            vals = [_scalar(v, kind) for v in vals]
+            if not vals:
+                raise ValueError(f"{kind} needs at least one value")
+            if len(set(map(_ident, vals))) != len(vals):
+                raise ValueError(f"{kind} values must be distinct, got {vals}")
+            setattr(self, kind, vals)
+        else:
+            if len(vals) != 2:
+                raise ValueError(f"{kind} needs [low, high], got {vals}")
+            low, high = vals
+            if kind == "int" and any(isinstance(v, bool) for v in vals):
+                raise ValueError(f"int bounds must be integers, got {vals}")
+            if not all(math.isfinite(v) for v in vals):
+                raise ValueError(f"{kind} bounds must be finite (use also: [inf]), got {vals}")
+            if kind == "loguniform" and not low > 0:
+                raise ValueError(f"loguniform low must be > 0, got {_fmt(low)}")
+            if not low < high:
+                raise ValueError(f"{kind} low must be < high, got [{_fmt(low)}, {_fmt(high)}]")
+        self.also = [_scalar(v, "also") for v in self.also]
+        if set(map(_ident, self.also)) & set(map(_ident, self.values())):
+            raise ValueError(f"also repeats a {kind} value: {self.also}")
+        when = {}
+        for k, v in self.when.items():
+            v = list(v) if isinstance(v, list) else [v]
+            if not v:
+                raise ValueError(f"when.{k} needs at least one value")
+            when[k] = [_scalar(x, f"when.{k}") for x in v]
+        self.when = when
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if getattr(self, k) is not None)
+
+    @property
+    def discrete(self) -> bool:
+        return self.kind in ("grid", "choice")
+
+    def values(self) -> list[Any]:
+        """grid/choice values (``also`` excluded)."""
+        return list(getattr(self, self.kind)) if self.discrete else []
+
+    def candidates(self) -> list[Any]:
+        """Values that stand for the whole distribution when checking it: bounds, also."""
+        own = self.values() if self.discrete else list(getattr(self, self.kind))
+        return own + list(self.also)
+
+
+class Workload(BaseModel):
+    model_config = _strict()
+
+    preset: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("preset")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in PRESETS:
+            raise ValueError(f"unknown preset {v!r}; valid: {', '.join(PRESETS)}")
+        return v
+
+
+class Search(BaseModel):
+    model_config = _strict()
+
+    algorithm: Literal["grid", "random", "optuna-tpe", "optuna-gp"] = "grid"
+    num_samples: int = Field(1, ge=1)
+    max_concurrent: int = Field(1, ge=1)
+    metric: str = Field("val/loss", min_length=1)
+    mode: Literal["min", "max"] = "min"
+    seed: int = Field(0, ge=0)  # the sampler's seed (random draws, TPE/GP), not the trial seed
+
+
+class Scheduler(BaseModel):
+    """ASHA in training steps (Tune ``time_attr="step"``); unset values come from the budget."""
+
+    model_config = _strict()
+
+    type: Literal["none", "asha"] = "none"
+    grace_period: int | None = Field(None, ge=1)
+    reduction_factor: float | None = Field(None, gt=1)
+    max_t: int | None = Field(None, ge=1)
+
+
+class Budget(BaseModel):
+    """Mapped onto train.steps / eval_every / metrics_every / checkpoint_every; unset: the
+    preset's, except checkpoint_every: unset (and 0 in the preset and overrides) it becomes the
+    multiple of eval_every nearest steps / 10, so that a killed worker resumes its trial from
+    a recent checkpoint (checkpoints are taken at reports only). 0 turns them off (the final
+    checkpoint stays)."""
+
+    model_config = _strict()
+
+    steps: int | None = Field(None, ge=1)
+    eval_every: int | None = Field(None, ge=1)
+    metrics_every: int | None = Field(None, ge=0)
+    checkpoint_every: int | None = Field(None, ge=0)
+
+
+class Resources(BaseModel):
+    model_config = _strict()
+
+    workers_per_trial: int = Field(1, ge=1)
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)
+    custom: dict[str, float] = Field(default_factory=dict)  # Ray custom resources per worker
+    executor: Literal["auto", "in_trial", "train"] = "auto"
+    max_failures: int = Field(1, ge=0)  # infrastructure retries (Tune FailureConfig)
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _whole(cls, v: float) -> float:
+        if v > 1 and not float(v).is_integer():
+            raise ValueError(f"above 1 must be a whole number (Ray), got {v}")
+        return v
+
+    @field_validator("custom")
+    @classmethod
+    def _custom(cls, d: dict[str, float]) -> dict[str, float]:
+        for k, v in d.items():
+            if k in ("CPU", "GPU", "memory", "object_store_memory") or not k:
+                raise ValueError(f"{k!r} is not a custom resource name "
+                                 "(use cpus_per_worker / gpus_per_worker)")
+            if not v >= 0:
+                raise ValueError(f"{k}: must be >= 0, got {v}")
+        return d
+
+    @model_validator(mode="after")
+    def _check(self) -> Resources:
+        if self.executor == "in_trial" and self.workers_per_trial > 1:
+            raise ValueError(f"executor in_trial runs one worker, got workers_per_trial="
+                             f"{self.workers_per_trial}; use train or auto")
+        return self
+
+
+class Tracking(BaseModel):
+    model_config = _strict()
+
+    mlflow_uri: str | None = None
+    parquet_root: str | None = None
+    experiment: str | None = None
+    # final model weights kept as MLflow artifacts (orchestrator/store/weights.py)
+    keep_weights: Literal["best", "all", "none"] = "best"
+
+
+# --- the spec ------------------------------------------------------------------------------
+
+
+class SweepSpec(BaseModel):
+    model_config = _strict()
+
+    name: str
+    description: str | None = None
+    workload: Workload
+    space: dict[str, Param] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    search: Search = Field(default_factory=Search)
+    scheduler: Scheduler = Field(default_factory=Scheduler)
+    divergence: DivergenceRules = Field(default_factory=DivergenceRules)
+    budget: Budget = Field(default_factory=Budget)
+    resources: Resources = Field(default_factory=Resources)
+    tracking: Tracking = Field(default_factory=Tracking)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"{v!r} must be 1-64 characters of a-z 0-9 _ -")
+        return v
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds(cls, v: Any) -> list[int]:
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not 1 <= v <= 10_000:
+                raise ValueError(f"an int n means seeds 0..n-1 and must be in [1, 10000], got {v}")
+            return list(range(v))
+        ok = (isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool)
+                                                 and s >= 0 for s in v))
+        if not ok:
+            raise ValueError(f"expected an int n >= 1 or a non-empty list of ints >= 0, got {v!r}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"must be distinct, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> SweepSpec:
+        from orchestrator.sweep.space import expand  # the same expansion the sweep runs
+
+        self._check_budget()
+        base = self.base_config()
+        self._check_keys()
+        self._unify_numbers(base)
+        self._check_algorithm()
+        self._check_values(base, expand)
+        self._resolve_scheduler(base)
+        return self
+
+    # --- cross-field rules ---------------------------------------------------------------
+    def _check_budget(self) -> None:
+        ov = self.workload.overrides
+        for field, key in _BUDGET.items():
+            b = getattr(self.budget, field)
+            if b is not None and key in ov and ov[key] != b:
+                raise ValueError(f"budget.{field}: {b} conflicts with workload.overrides "
+                                 f"{key}={ov[key]!r}; set it in one place")
+        if self.budget.steps is not None and ov.get("train.epochs"):
+            raise ValueError("budget.steps: conflicts with workload.overrides train.epochs > 0 "
+                             "(epochs set the steps); set one")
+        try:
+            t = self.base_config().train
+        except ConfigError as e:
+            raise ValueError(f"workload.overrides: {e}") from None
+        if t.checkpoint_every and t.eval_every and t.checkpoint_every % t.eval_every:
+            where = "budget" if self.budget.checkpoint_every is not None else \
+                "workload.overrides train"
+            raise ValueError(f"{where}.checkpoint_every: {t.checkpoint_every} is not a multiple "
+                             f"of eval_every ({t.eval_every}); checkpoints are taken at reports")
+
+    def _check_keys(self) -> None:
+        keys = list(self.space)
+        for i, (key, p) in enumerate(self.space.items()):
+            if not _KEY.match(key):
+                raise ValueError(f"space.{key}: not a dotted config key like optim.lr")
+            if key == "train.seed":
+                raise ValueError("space.train.seed: seeds are set by the top-level seeds field")
+            if key in _BUDGET.values() or key == "train.epochs":
+                raise ValueError(f"space.{key}: the training length is set by budget, "
+                                 "not searched")
+            for w, vals in p.when.items():
+                if w not in keys[:i]:
+                    raise ValueError(f"space.{key}.when: {w!r} must be a space key listed "
+                                     f"before {key!r}; earlier keys: {', '.join(keys[:i]) or '-'}")
+                q = self.space[w]
+                if q.discrete:
+                    occurs = set(map(_ident, q.values() + q.also))
+                    never = [v for v in vals if _ident(v) not in occurs]
+                    if never:
+                        raise ValueError(f"space.{key}.when: {w}={_fmt(never[0])} never occurs; "
+                                         f"{w} takes {', '.join(map(_fmt, q.values()))}")
+
+    def _unify_numbers(self, base: WorkloadConfig) -> None:
+        """One numeric type per param (floats if any value or the config field is a float), so
+        trial tables get one column type: ``p: {grid: [1, 2], also: [inf]}`` -> 1.0, 2.0, inf."""
+        current = flatten(base)
+        for key, p in self.space.items():
+            nums = [v for v in p.candidates() if isinstance(v, (int, float))
+                    and not isinstance(v, bool)]
+            if p.kind == "int" or not any(isinstance(v, float) for v in nums) and not (
+                    isinstance(current.get(key), float) or key in _POSITIVE):
+                continue
+            fl = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                  for v in p.values()]
+            if p.discrete:
+                setattr(p, p.kind, fl)
+            p.also = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                      for v in p.also]
+
+    def _check_algorithm(self) -> None:
+        algo = self.search.algorithm
+        if algo == "grid":
+            for key, p in self.space.items():
+                if not p.discrete:
+                    raise ValueError(f"space.{key}: {p.kind} needs search.algorithm random, "
+                                     "optuna-tpe or optuna-gp; grid search takes grid or choice")
+            if self.search.num_samples != 1:
+                raise ValueError("search.num_samples: grid search runs every arm x seed once; "
+                                 "use seeds for repeats")
+            return
+        if not self.space:
+            raise ValueError(f"space: search.algorithm {algo} needs at least one parameter")
+        if all(p.kind == "grid" for p in self.space.values()):
+            raise ValueError(f"search.algorithm: {algo} over grid params only repeats the same "
+                             "trials; use algorithm grid or a choice/range param")
+        for key, p in self.space.items():
+            if p.kind == "grid" and algo != "random":
+                raise ValueError(f"space.{key}: grid is exhaustive and not searchable by {algo}; "
+                                 "use choice")
+            if p.kind == "grid" and p.when:
+                raise ValueError(f"space.{key}: a conditional grid param cannot be random-"
+                                 "searched; use choice")
+
+    def _check_values(self, base: WorkloadConfig, expand: Any) -> None:
+        for key, p in self.space.items():
+            if key in _POSITIVE:
+                for v in p.candidates():
+                    num = isinstance(v, (int, float)) and not isinstance(v, bool)
+                    if not num or not v > 0 or (v == math.inf and key != "model.residual.p"):
+                        valid = "> 0 (or inf)" if key == "model.residual.p" else "finite and > 0"
+                        raise ValueError(f"space.{key}: values must be {valid}, got {_fmt(v)}")
+            ctx = self._context(key)
+            for v in p.candidates():
+                try:
+                    validate(apply_overrides(base, {**ctx, key: v}))
+                except ConfigError as e:
+                    raise ValueError(f"space.{key}: {_fmt(v)} is invalid: {e}") from None
+        combos = expand(self, lambda p: p.candidates(), [self.seeds[0]])
+        for flat in combos[:MAX_CHECKED_COMBOS]:
+            try:
+                validate(apply_overrides(base, flat))
+            except ConfigError as e:
+                raise ValueError(f"space: the combination {self.arm_label(flat)} is invalid: "
+                                 f"{e}") from None
+
+    def _context(self, key: str) -> dict[str, Any]:
+        """Values of the keys ``key``'s condition depends on (recursively), first allowed."""
+        ctx: dict[str, Any] = {}
+        for w, vals in self.space[key].when.items():
+            ctx.update(self._context(w))
+            ctx[w] = vals[0]
+        return ctx
+
+    def _resolve_scheduler(self, base: WorkloadConfig) -> None:
+        s, t = self.scheduler, base.train
+        if s.type == "none":
+            for f in ("grace_period", "reduction_factor", "max_t"):
+                if getattr(s, f) is not None:
+                    raise ValueError(f"scheduler.{f}: only for type asha, got type none")
+            return
+        if not 0 < t.eval_every < t.steps:
+            raise ValueError(f"scheduler: asha needs intermediate reports, but eval_every="
+                             f"{t.eval_every} and steps={t.steps}; lower budget.eval_every")
+        s.max_t = t.steps if s.max_t is None else s.max_t
+        s.grace_period = t.eval_every if s.grace_period is None else s.grace_period
+        s.reduction_factor = 3.0 if s.reduction_factor is None else s.reduction_factor
+        if s.max_t > t.steps:
+            raise ValueError(f"scheduler.max_t: {s.max_t} exceeds the budget of {t.steps} steps")
+        if not s.grace_period < s.max_t:
+            raise ValueError(f"scheduler.grace_period: must be < max_t ({s.max_t}), got "
+                             f"{s.grace_period}")
+
+    # --- configs and labels --------------------------------------------------------------
+    def base_config(self) -> WorkloadConfig:
+        """Preset + workload overrides + budget, validated (a fresh object each call)."""
+        from workloads.config import preset
+
+        cfg = preset(self.workload.preset)
+        budget = {k: getattr(self.budget, f) for f, k in _BUDGET.items()
+                  if getattr(self.budget, f) is not None}
+        if self.budget.steps is not None and cfg.train.epochs:
+            budget["train.epochs"] = 0  # the budget's steps are the training length
+        cfg = validate(apply_overrides(cfg, {**self.workload.overrides, **budget}))
+        t = cfg.train
+        if self.budget.checkpoint_every is None and not t.checkpoint_every and t.steps \
+                and t.eval_every:
+            every = t.eval_every * max(1, round(t.steps / _CHECKPOINTS_PER_TRIAL / t.eval_every))
+            cfg = apply_overrides(cfg, {"train.checkpoint_every": every})
+        return cfg
+
+    def trial_config(self, flat_overrides: dict[str, Any]) -> WorkloadConfig:
+        """The base config with one trial's flat dotted overrides applied, validated."""
+        try:
+            return validate(apply_overrides(self.base_config(), flat_overrides))
+        except ConfigError as e:
+            raise SpecError(f"trial {self.arm_label(flat_overrides)}: {e}") from None
+
+    def arm_label(self, flat: dict[str, Any]) -> str:
+        """``key=value`` pairs without the seed, in space order; ``base`` when empty."""
+        order = [k for k in self.space if k in flat]
+        order += sorted(k for k in flat if k not in self.space and k != "train.seed")
+        return ",".join(f"{k}={_fmt(flat[k])}" for k in order) or "base"
+
+    def to_yaml(self) -> str:
+        """The resolved spec as YAML (``inf`` as ``.inf``); ``load`` of it gives this spec."""
+        d = self.model_dump()
+        d["space"] = {k: p.model_dump(exclude_defaults=True) for k, p in self.space.items()}
+        return yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=100)
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def _model_at(path: list[Any]) -> type[BaseModel] | None:
+    """The pydantic model class found by walking ``path`` (field names, dict keys) from the root."""
+    cur: Any = SweepSpec
+    i = 0
+    while i < len(path):
+        is_model = isinstance(cur, type) and issubclass(cur, BaseModel)
+        if not is_model or path[i] not in cur.model_fields:
+            return None
+        ann = cur.model_fields[path[i]].annotation
+        if typing.get_origin(ann) in (typing.Union, types.UnionType):
+            ann = next(a for a in typing.get_args(ann) if a is not type(None))
+        if typing.get_origin(ann) is dict:
+            ann = typing.get_args(ann)[1]
+            i += 1  # skip the dict key
+        cur = ann
+        i += 1
+    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """The first error as one line: ``dotted.field: what is wrong / what is valid``."""
+    err = exc.errors(include_url=False)[0]
+    # drop pydantic's union/function tags ("function-after[...]", "literal['a']") from the path
+    loc = [p for p in err["loc"] if isinstance(p, int) or "[" not in p]
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    where = ".".join(parts) + "".join(f"[{p}]" for p in loc[len(parts):] if isinstance(p, int))
+    msg = err["msg"].removeprefix("Value error, ")
+    kind, got = err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        model = _model_at([str(p) for p in loc[:-1]])
+        valid = ", ".join(model.model_fields) if model else ""
+        text = f"unknown field; valid: {valid}" if valid else "unknown field"
+    elif kind == "missing":
+        text = "required field is missing"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        text = f"expected a mapping, got {_short(got)}"
+    elif kind == "value_error":
+        text = msg
+    else:
+        text = f"{msg}, got {_short(got)}"
+    text = " ".join(text.split())
+    return f"{where}: {text}" if where else text
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+# --- YAML ----------------------------------------------------------------------------------
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that refuses alias bombs, cyclic aliases, deep nesting and duplicate keys,
+    and reads ``1e-3`` as a float (YAML 1.1 needs ``1.0e-3``; users write both)."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _walk(node, {}, set(), 0)
+        return node
+
+
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def _walk(node: yaml.Node, memo: dict[int, int], active: set[int], depth: int) -> int:
+    """Expanded node count (aliases counted every time they are used), memoised per node."""
+    if id(node) in memo:
+        return memo[id(node)]
+    if id(node) in active:
+        raise SpecError("spec: recursive YAML alias")
+    if depth > MAX_YAML_DEPTH:
+        raise SpecError(f"spec: YAML nested deeper than {MAX_YAML_DEPTH} levels")
+    active.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+        dup = next((k for k in keys if keys.count(k) > 1 and k != "<<"), None)
+        if dup is not None:
+            raise SpecError(f"spec: duplicate key {dup!r} at line {node.start_mark.line + 1}")
+        children = [c for kv in node.value for c in kv]
+    elif isinstance(node, yaml.SequenceNode):
+        children = node.value
+    else:
+        children = []
+    n = 1 + sum(_walk(c, memo, active, depth + 1) for c in children)
+    if n > MAX_YAML_NODES:
+        raise SpecError(f"spec: YAML expands to more than {MAX_YAML_NODES} nodes "
+                        "(an alias bomb?); refusing")
+    active.discard(id(node))
+    memo[id(node)] = n
+    return n
+
+
+def spec_from_text(text: str | bytes, source: str = "spec") -> SweepSpec:
+    """Parse and validate YAML text (at most ``MAX_SPEC_BYTES``)."""
+    size = len(text.encode() if isinstance(text, str) else text)
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(f"{source}: {size} bytes is larger than the {MAX_SPEC_BYTES} byte limit")
+    try:
+        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{source}: invalid YAML{at}: {e.problem or e.context}") from None
+    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as e:
+        raise SpecError(f"{source}: invalid YAML: {type(e).__name__}") from None
+    return spec_from_dict(data)
+
+
+def spec_from_dict(data: Any) -> SweepSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"spec: the top level must be a mapping of sections, got "
+                        f"{type(data).__name__}")
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e)) from None
+
+
+def load_spec(name_or_path: str | os.PathLike) -> SweepSpec:
+    """A shipped spec by bare name (``quickstart``) or a YAML file by path."""
+    from search_spaces import list_specs, spec_path
+
+    text = str(name_or_path)
+    is_path = (isinstance(name_or_path, os.PathLike) or os.sep in text or "/" in text
+               or text.endswith((".yaml", ".yml")) or Path(text).is_file())
+    if is_path:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise SpecError(f"spec: no such file {text!r}")
+    else:
+        if text not in list_specs():
+            raise SpecError(f"spec: {text!r} is neither a file nor a shipped spec; shipped: "
+                            f"{', '.join(list_specs())}")
+        path = spec_path(text)
+    size = path.stat().st_size
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(f"{path.name}: {size} bytes is larger than the {MAX_SPEC_BYTES} byte limit")
+    return spec_from_text(path.read_bytes(), source=path.name)
+

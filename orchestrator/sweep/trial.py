@@ -1,0 +1,102 @@
+"""[2] One Tune trial: turn the sampled params into a workload config and train it.
+
+Two executors, chosen per spec (``resources.executor``):
+- ``train``: a ``TorchTrainer`` with N Ray Train workers (DDP over gloo on CPU, NCCL on GPU).
+  Its reports reach Tune through ``TuneReportCallback`` (the Ray 2.60 Train V2 pattern).
+- ``in_trial``: the same per-worker function called directly inside the Tune trial. No Train
+  controller, no worker group: measured ~10 s cheaper per trial on CPU (benchmarks/
+  sweep_efficiency.py), so ``auto`` picks it for single-worker, GPU-less trials.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.sweep.worker import train_worker
+
+__all__ = ["resolve_executor", "trial_driver", "trial_resources"]
+
+
+def resolve_executor(resources: Any) -> str:
+    if resources.executor != "auto":
+        return resources.executor
+    if resources.workers_per_trial == 1 and not resources.gpus_per_worker:
+        return "in_trial"
+    return "train"
+
+
+def trial_resources(resources: Any) -> dict[str, float]:
+    """What the Tune trial itself asks Ray for."""
+    if resolve_executor(resources) == "in_trial":
+        res = {"CPU": float(resources.cpus_per_worker)}
+        if resources.gpus_per_worker:
+            res["GPU"] = float(resources.gpus_per_worker)
+        res.update({k: float(v) for k, v in resources.custom.items()})
+        return res
+    # The driver only waits on its TorchTrainer; a full CPU for it would starve the workers
+    # (1 driver + 2 workers at 1 CPU hangs on a 2-core machine: PLATFORM.md).
+    return {"CPU": 0.01}
+
+
+def trial_driver(config: dict[str, Any], spec_dict: dict[str, Any], storage: str,
+                 finished: frozenset[str] = frozenset()) -> None:
+    """``finished``: trials a resumed driver found finished in Parquet. Tune's experiment
+    snapshot may predate them (it is saved every ~10 s), so it restarts them; they return at
+    once, without training or reporting, and keep their recorded outcome."""
+    import ray.tune
+
+    if ray.tune.get_context().get_trial_id() in finished:
+        return
+
+    from orchestrator.sweep.space import flat_from_tune_config
+    from orchestrator.sweep.spec import SweepSpec
+    from workloads.config import to_dict
+
+    spec = SweepSpec.model_validate(spec_dict)
+    flat = flat_from_tune_config(config)
+    cfg = spec.trial_config(flat)
+    seed = cfg.train.seed
+    executor = resolve_executor(spec.resources)
+    loop_config = {
+        "workload": to_dict(cfg),
+        "rules": spec.divergence.model_dump(),
+        "metric": spec.search.metric,
+        "params": {k: _plain(v) for k, v in flat.items()},
+        "arm": spec.arm_label(flat),
+        "seed": seed,
+        "mode": executor,
+    }
+    if executor == "in_trial":
+        train_worker(loop_config)
+        return
+
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    r = spec.resources
+    per_worker = {"CPU": float(r.cpus_per_worker), **{k: float(v) for k, v in r.custom.items()}}
+    if r.gpus_per_worker:
+        per_worker["GPU"] = float(r.gpus_per_worker)
+    trial_id = ray.tune.get_context().get_trial_id()
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend="nccl" if r.gpus_per_worker else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=r.workers_per_trial, use_gpu=bool(r.gpus_per_worker),
+            resources_per_worker=per_worker),
+        run_config=ray.train.RunConfig(
+            name=f"train-{trial_id}",  # unique per Tune trial, never random (PLATFORM.md)
+            storage_path=storage,
+            callbacks=[TuneReportCallback()],
+            failure_config=ray.train.FailureConfig(max_failures=spec.resources.max_failures),
+        ),
+    )
+    trainer.fit()
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        return v.item()
+    return v

@@ -1,0 +1,126 @@
+"""[1] The per-worker function: train one workload config and forward its reports to Ray.
+
+It runs either inside a Ray Train worker (``TorchTrainer``; ``ray.train.report``, collective
+over all ranks) or directly inside the Tune trial (``ray.tune.report``). The loop itself
+(``workloads.train.run``) knows nothing of Ray: it reports through the callable built here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules, penalty_value
+from workloads.config import flatten, from_dict
+from workloads.report import Report
+
+__all__ = ["train_worker", "make_payload", "OBJECTIVE"]
+
+OBJECTIVE = "objective"  # the result key Tune's searcher and scheduler read
+
+
+def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: float,
+                 rules: DivergenceRules, timing: dict[str, float]) -> dict[str, Any]:
+    """Flatten a workload Report into the Tune result payload (docs/contracts.md)."""
+    out: dict[str, Any] = {k: float(v) for k, v in rep.scalars.items()}
+    out["step"] = rep.step
+    status = "diverged" if rep.divergence else ("completed" if rep.done else "running")
+    # What the searcher and scheduler optimise: the spec's metric, or for a diverged trial an
+    # informative penalty (the region is bad, but not infinitely so). The raw metric stays.
+    value = out.get(metric, math.nan)
+    if rep.divergence is not None or not math.isfinite(value):
+        value = penalty_value(rules, initial_loss, out.get("val/best_loss", math.inf))
+    out[OBJECTIVE] = value
+    if rep.divergence is not None:
+        out["diverged"] = 1.0
+    out["_curve"] = [vars(p) for p in rep.curve]
+    out["_rows"] = rep.rows
+    out["_status"] = status
+    out["_divergence"] = vars(rep.divergence) if rep.divergence else None
+    out["_node"] = ctx["node"]
+    out["_timing"] = dict(timing)
+    out["_trial_params"] = ctx["params"]
+    out["_arm"] = ctx["arm"]
+    out["_seed"] = ctx["seed"]
+    out["_world_size"] = rep.world_size
+    return out
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """Ray entry point. ``config``: {"workload", "rules", "metric", "params", "arm", "seed",
+    "mode": "train" | "in_trial"}."""
+    t_start = time.time()
+    mode = config["mode"]
+    if mode == "train":
+        import ray.train as rt
+
+        report_fn: Callable[..., None] = rt.report
+        Checkpoint = rt.Checkpoint
+        ray_ckpt = rt.get_checkpoint()
+        rank = rt.get_context().get_world_rank()
+    else:
+        import ray.tune as rtune
+
+        report_fn = rtune.report
+        Checkpoint = rtune.Checkpoint
+        ray_ckpt = rtune.get_checkpoint()
+        rank = 0
+
+    cfg = from_dict(config["workload"])
+    rules = DivergenceRules(**config["rules"])
+    metric = config["metric"]
+    ctx = {"node": f"{socket.gethostname()}:{_node_ip()}", "params": config["params"],
+           "arm": config["arm"], "seed": config["seed"]}
+
+    # Our own checkpoint folder; Ray persists it to the run's storage when reported.
+    ckpt_dir = tempfile.mkdtemp(prefix="geosweep-ckpt-")
+    resume = False
+    if ray_ckpt is not None:
+        with ray_ckpt.as_directory() as d:
+            shutil.copytree(d, ckpt_dir, dirs_exist_ok=True)
+        resume = True
+    monitor = DivergenceMonitor(rules)
+    state = {"initial_loss": math.nan, "t_setup": time.time() - t_start}
+
+    def report(rep: Report) -> None:
+        state["initial_loss"] = rep.scalars.get("train/initial_loss", math.nan)
+        first = not state.get("reported")
+        state["reported"] = True
+        timing = {"setup_s": state["t_setup"], "wall_s": time.time() - t_start,
+                  "train_s": rep.scalars.get("train/time_s", math.nan)}
+        payload = make_payload(rep, ctx, metric, state["initial_loss"], rules, timing)
+        if first and rank == 0:
+            payload["_config"] = {k: _plain(v) for k, v in flatten(cfg).items()}
+        ckpt = None
+        if rep.checkpoint and rank == 0:
+            ckpt = Checkpoint.from_directory(os.path.dirname(rep.checkpoint))
+        report_fn(payload, checkpoint=ckpt)
+
+    from workloads.train import run
+
+    try:
+        run(cfg, report=report, monitor=monitor, checkpoint_dir=ckpt_dir, resume=resume)
+    finally:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+def _plain(v: Any) -> Any:
+    """MLflow params are strings; keep numbers and strings, render the rest as text."""
+    return v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+
+
+def _node_ip() -> str:
+    """``ip/node-id-prefix``: two Ray nodes on one host share the IP but not the node id."""
+    try:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()[:8]
+        return f"{ray.util.get_node_ip_address()}/{node}"
+    except Exception:  # noqa: BLE001 - best effort label only
+        return "?"

@@ -1,0 +1,173 @@
+"""MLflow sink against a real sqlite store: structure, idempotence, complete histories."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import pytest
+from mlflow import MlflowClient
+
+from orchestrator.store.mlflow import MlflowSink, default_tracking, flatten_params
+
+pytestmark = pytest.mark.timeout(120)
+
+SPEC = "name: sw\nworkload: {preset: gpt-debug}\n"
+PROV = {"git": {"sha": "abc123", "dirty": True}, "python": "3.11", "command": "geosweep run"}
+
+
+def _points(first: int, last: int, offset: float = 0.0) -> list[dict]:
+    pts = [{"step": s, "split": "train", "metric": "loss", "value": 10.0 / s + offset,
+            "wall_time": 0.01 * s} for s in range(first, last + 1)]
+    pts += [{"step": s, "split": "val", "metric": "loss", "value": 5.0 / s,
+             "wall_time": 0.01 * s} for s in range(first, last + 1) if s % 100 == 0]
+    return pts
+
+
+@pytest.fixture()
+def store(tmp_path, tmp_path_factory):
+    """A fresh sqlite store per test, copied from one migrated per session (~15 s saved)."""
+    template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
+    if not template.exists():
+        MlflowClient(f"sqlite:///{template}").search_experiments()
+    uri, art = default_tracking(str(tmp_path / "sweep"))
+    os.makedirs(tmp_path / "sweep")
+    shutil.copy(template, tmp_path / "sweep" / "mlflow.db")
+    return uri, art
+
+
+def test_parent_child_structure_tags_params_and_spec(store, tmp_path):
+    uri, art = store
+    sink = MlflowSink(uri, "geosweep-test", "sw")
+    parent = sink.start_parent(SPEC, {"search": {"algorithm": "grid"}, "seeds": [0, 1]}, PROV)
+    child = sink.start_child("t_00000", {"optim.lr": 1e-3, "model.residual.p": math.inf,
+                                         "long": "x" * 7000, "optim.manifold.assignment":
+                                         {"blocks.*.attn": "stiefel"}},
+                             {"geosweep.arm": "lr=0.001", "geosweep.seed": 0})
+    sink.end_child("t_00000", "diverged", {"geosweep.divergence.reason": "nonfinite_loss",
+                                           "geosweep.divergence.step": 17})
+    client = MlflowClient(uri)
+    c = client.get_run(child)
+    assert c.data.tags["mlflow.parentRunId"] == parent
+    assert c.data.tags["geosweep.trial_id"] == "t_00000"
+    assert c.data.tags["geosweep.status"] == "diverged"
+    assert c.data.tags["geosweep.divergence.step"] == "17"
+    assert c.data.tags["geosweep.seed"] == "0"
+    assert c.info.status == "FINISHED" and c.info.run_name == "t_00000"
+    assert c.data.params["optim.lr"] == "0.001"
+    assert c.data.params["model.residual.p"] == "inf"
+    assert len(c.data.params["long"]) == 6000
+    assert c.data.params["optim.manifold.assignment.blocks._.attn"] == "stiefel"
+
+    p = client.get_run(parent)
+    assert p.data.params == {"search.algorithm": "grid", "seeds": "[0, 1]"}
+    assert p.data.tags["geosweep.git.sha"] == "abc123"
+    assert p.data.tags["geosweep.git.dirty"] == "True"
+    assert p.data.tags["geosweep.command"] == "geosweep run"
+    arts = {a.path for a in client.list_artifacts(parent)}
+    assert arts == {"spec.yaml", "provenance.json"}
+    path = client.download_artifacts(parent, "spec.yaml", str(tmp_path / "dl"))
+    assert open(path).read() == SPEC
+    # artifacts live next to the database, not in ./mlruns
+    assert p.info.artifact_uri.startswith(art) or art in p.info.artifact_uri
+    assert os.path.exists(os.path.join(art))
+
+
+def test_resume_reuses_parent_and_child(store):
+    uri, _ = store
+    a = MlflowSink(uri, "e", "sw")
+    parent = a.start_parent(SPEC, {"x": 1}, PROV)
+    child = a.start_child("t1", {"optim.lr": 0.1})
+    a.log_curve("t1", _points(1, 50))
+    # a fresh driver process (crash + resume): same runs, no duplicates
+    b = MlflowSink(uri, "e", "sw")
+    assert b.start_parent(SPEC, {"x": 1, "y": 2}, PROV) == parent
+    assert b.start_child("t1", {"optim.lr": 0.1}) == child
+    assert b.start_child("t1", {"optim.lr": 0.1}) == child
+    # the resumed trial re-reports steps 41..50 (lost segment) then continues to 60
+    assert b.log_curve("t1", _points(41, 60, offset=1.0)) == 10
+    client = MlflowClient(uri)
+    runs = client.search_runs([b.experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted([parent, child])
+    hist = client.get_metric_history(child, "train/loss")
+    assert sorted(m.step for m in hist) == list(range(1, 61))
+    assert client.get_run(parent).data.params == {"x": "1", "y": "2"}
+    # another sweep in the same experiment gets its own parent
+    c = MlflowSink(uri, "e", "other")
+    assert c.start_parent(SPEC, {}, PROV) != parent
+
+
+def test_batched_history_complete(store, monkeypatch):
+    uri, _ = store
+    sink = MlflowSink(uri, "e", "sw")
+    sink.start_parent(SPEC, {}, PROV)
+    child = sink.start_child("t1", {})
+    calls = []
+    real = sink.client.log_batch
+
+    def spy(run_id, metrics=(), params=(), tags=()):
+        calls.append(len(metrics))
+        return real(run_id, metrics=metrics, params=params, tags=tags)
+
+    monkeypatch.setattr(sink.client, "log_batch", spy)
+    pts = _points(1, 2500)
+    pts.append({"step": 2500, "split": "train", "metric": "grad_norm", "value": math.nan,
+                "wall_time": 1.0})
+    assert sink.log_curve("t1", pts) == 2500 + 25 + 1
+    assert sink.log_curve("t1", _points(2500, 2500)) == 0  # repeated final report
+    assert calls == [1000, 1000, 526]
+    assert sink.log_scalars("t1", {"val/acc": 0.5, "flag": True, "name": "x"}, step=2500) == 1
+
+    client = MlflowClient(uri)
+    hist = sorted(client.get_metric_history(child, "train/loss"), key=lambda m: m.step)
+    assert [m.step for m in hist] == list(range(1, 2501))
+    assert [m.value for m in hist[:3]] == [10.0, 5.0, 10.0 / 3]
+    assert hist[99].timestamp - hist[0].timestamp == 990  # start time + wall_time
+    val = client.get_metric_history(child, "val/loss")
+    assert sorted(m.step for m in val) == list(range(100, 2501, 100))
+    assert math.isnan(client.get_metric_history(child, "train/grad_norm")[0].value)
+    assert client.get_metric_history(child, "val/acc")[0].value == 0.5
+
+
+def test_errors_and_parent_artifact(store, tmp_path):
+    uri, _ = store
+    sink = MlflowSink(uri, "e", "sw")
+    with pytest.raises(RuntimeError, match="start_parent"):
+        sink.start_child("t1", {})
+    parent = sink.start_parent(SPEC, {}, PROV)
+    with pytest.raises(KeyError, match="trial_id='nope'"):
+        sink.log_curve("nope", _points(1, 2))
+    sink.start_child("t1", {})
+    with pytest.raises(ValueError, match="status='done'"):
+        sink.end_child("t1", "done")
+    sink.end_child("t1", "failed", {"geosweep.error": "worker died"})
+    f = tmp_path / "summary.txt"
+    f.write_text("ok")
+    sink.log_artifact(str(f))
+    sink.set_tags(None, {"geosweep.best": 1.5})
+    sink.end_parent()
+    client = MlflowClient(uri)
+    assert client.get_run(sink._children["t1"]).info.status == "FAILED"
+    p = client.get_run(parent)
+    assert p.info.status == "FINISHED" and p.data.tags["geosweep.best"] == "1.5"
+    assert "summary.txt" in {a.path for a in client.list_artifacts(parent)}
+
+
+def test_flatten_params():
+    flat = flatten_params({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None, "f": {}})
+    assert flat == {"a.b": "1", "a.c.d": "[1, 2]", "e": "None", "f": "{}"}
+
+
+def test_running_children_lists_only_this_sweeps_unfinished_trials(store):
+    uri, _ = store
+    a = MlflowSink(uri, "e", "sw")
+    a.start_parent(SPEC, {}, PROV)
+    for t in ("t1", "t2", "t3"):
+        a.start_child(t, {})
+    a.end_child("t2", "completed")
+    other = MlflowSink(uri, "e", "other")
+    other.start_parent(SPEC, {}, PROV)
+    other.start_child("t9", {})
+    assert a.running_children() == ["t1", "t3"]
+    assert other.running_children() == ["t9"]

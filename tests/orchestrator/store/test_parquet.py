@@ -1,0 +1,179 @@
+"""Parquet sink: layout, atomic files, exactly-once steps, and three independent readers."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import duckdb
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator.store.parquet import (
+    CURVE_SCHEMA,
+    ParquetSink,
+    read_curves,
+    read_metrics,
+    read_trials,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _curve(first: int, last: int, offset: float = 0.0) -> list[dict]:
+    """train/loss every step, val/loss at multiples of 10; value = step + offset."""
+    pts = [{"step": s, "split": "train", "metric": "loss", "value": s + offset,
+            "wall_time": 0.1 * s} for s in range(first, last + 1)]
+    pts += [{"step": s, "split": "val", "metric": "loss", "value": -s - offset,
+             "wall_time": 0.1 * s} for s in range(first, last + 1) if s % 10 == 0]
+    return pts
+
+
+def _files(root, kind="curves", sweep="sw", trial="t1"):
+    return sorted(os.listdir(os.path.join(root, kind, f"sweep={sweep}", f"trial={trial}")))
+
+
+def test_layout_schema_and_readers_agree(tmp_path):
+    root = str(tmp_path / "ds")
+    sink = ParquetSink(root, "sw")
+    sink.write_curve("t1", _curve(1, 20))
+    sink.write_curve("t1", _curve(21, 40))
+    sink.write_curve("t2_00001", _curve(1, 10))
+    assert _files(root) == ["part-00000001-00000020.parquet", "part-00000021-00000040.parquet"]
+    one = pq.read_table(os.path.join(root, "curves/sweep=sw/trial=t1", _files(root)[0]))
+    assert one.schema == CURVE_SCHEMA
+
+    df = read_curves(root)
+    assert len(df) == 40 + 4 + 10 + 1
+    t1 = df[(df.trial == "t1") & (df.split == "train")].sort_values("step")
+    assert t1.step.tolist() == list(range(1, 41))
+    assert t1.value.tolist() == [float(s) for s in range(1, 41)]
+
+    dset = ds.dataset(os.path.join(root, "curves"), format="parquet", partitioning="hive")
+    assert dset.count_rows(filter=ds.field("trial") == "t2_00001") == 11
+
+    q = duckdb.sql(
+        f"select trial, count(*) n, sum(value) s from read_parquet('{root}/curves/**/*.parquet',"
+        " hive_partitioning=true) where split = 'train' group by trial order by trial"
+    ).fetchall()
+    assert q == [("t1", 40, float(sum(range(1, 41)))), ("t2_00001", 10, 55.0)]
+
+
+def test_file_uri_root_and_sweep_filter(tmp_path):
+    uri = (tmp_path / "u").as_uri()
+    assert uri.startswith("file://")
+    ParquetSink(uri, "a").write_curve("t1", _curve(1, 5))
+    ParquetSink(uri, "b").write_curve("t1", _curve(1, 3))
+    assert (tmp_path / "u/curves/sweep=a/trial=t1/part-00000001-00000005.parquet").exists()
+    assert len(read_curves(uri)) == 8
+    assert sorted(read_curves(uri, sweep="b").step) == [1, 2, 3]
+
+
+def test_crash_mid_write_is_invisible(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    sink = ParquetSink(root, "sw")
+    sink.write_curve("t1", _curve(1, 10))
+    folder = tmp_path / "curves/sweep=sw/trial=t1"
+    # what a kill -9 between write and rename leaves: a truncated file under the temp name
+    good = (folder / "part-00000001-00000010.parquet").read_bytes()
+    (folder / "_part-00000011-00000020.parquet.tmp-deadbeef").write_bytes(good[: len(good) // 2])
+
+    # an error after the temp file is written: it is cleaned up, nothing new is visible
+    real_write = pq.write_table
+
+    def boom(table, where, **kw):
+        real_write(table, where, **kw)
+        assert os.path.basename(where).startswith("_part-00000011-00000020.parquet.tmp-")
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(pq, "write_table", boom)
+    with pytest.raises(OSError, match="disk gone"):
+        sink.write_curve("t1", _curve(11, 20))
+    monkeypatch.undo()
+    names = sorted(os.listdir(folder))
+    assert names == ["_part-00000011-00000020.parquet.tmp-deadbeef",
+                     "part-00000001-00000010.parquet"]
+
+    assert len(read_curves(root)) == 11
+    n = duckdb.sql(f"select count(*) from read_parquet('{root}/curves/**/*.parquet',"
+                   " hive_partitioning=true)").fetchall()[0][0]
+    assert n == 11
+
+
+def test_resumed_segment_replaces_rows_every_step_once(tmp_path):
+    root = str(tmp_path)
+    sink = ParquetSink(root, "sw")
+    sink.write_curve("t1", _curve(1, 50))
+    sink.write_curve("t1", _curve(51, 75, offset=0.5))  # lost segment: killed at 75
+    sink.write_metrics("t1", [{"step": s, "metric": "m", "module": "q", "layer": 0,
+                               "next_layer": -1, "value": 9.0} for s in (50, 75)])
+    # resume from checkpoint at step 60: rows 61..75 of the lost run must go
+    sink.truncate_after("t1", 60)
+    assert _files(root) == ["part-00000001-00000050.parquet", "part-00000051-00000060.parquet"]
+    assert _files(root, "metrics") == ["part-00000050-00000050.parquet"]
+    sink.write_curve("t1", _curve(61, 100))
+    sink.write_metrics("t1", [{"step": 75, "metric": "m", "module": "q", "layer": 0,
+                               "next_layer": -1, "value": 1.0}])
+
+    df = read_curves(root)
+    train = df[df.split == "train"]
+    assert sorted(train.step) == list(range(1, 101))
+    vals = dict(zip(train.step, train.value))
+    assert vals[55] == 55.5 and vals[61] == 61.0 and vals[75] == 75.0
+    assert sorted(df[df.split == "val"].step) == list(range(10, 101, 10))
+    m = read_metrics(root)
+    assert sorted(zip(m.step, m.value)) == [(50, 9.0), (75, 1.0)]
+
+
+def test_overlapping_write_replaces_same_keys_keeps_others(tmp_path):
+    # a final report that repeats step 40 with only a val point must not drop train/loss@40
+    root = str(tmp_path)
+    sink = ParquetSink(root, "sw")
+    sink.write_curve("t1", _curve(31, 40))
+    sink.write_curve("t1", [{"step": 40, "split": "val", "metric": "loss", "value": 7.0,
+                             "wall_time": 9.0}])
+    sink2 = ParquetSink(root, "sw")  # a restarted driver rediscovers the parts
+    sink2.write_curve("t1", [{"step": 40, "split": "train", "metric": "loss", "value": 3.0,
+                              "wall_time": 9.0}])
+    df = read_curves(root).sort_values(["step", "split"])
+    assert len(df) == 11 and _files(root) == ["part-00000031-00000040.parquet"]
+    last = df[df.step == 40]
+    assert dict(zip(last.split, last.value)) == {"train": 3.0, "val": 7.0}
+
+
+def test_trials_overwrite_and_params_as_columns(tmp_path):
+    root = str(tmp_path)
+    sink = ParquetSink(root, "sw")
+    base = {"trial": "t1", "status": "running", "seed": 0, "arm": "family=pre_ln",
+            "params": {"optim.lr": 1e-3, "train.seed": 0, "model": {"residual": {"family":
+                                                                                  "pre_ln"}}}}
+    sink.write_trial(base)
+    sink.write_trial({**base, "status": "completed", "final_val_loss": 2.5, "wall_s": 10.0,
+                      "train_s": 8.0, "overhead_s": 2.0, "scalars": {"val/loss": 2.5, "lr": 1}})
+    sink.write_trial({"trial": "t2", "status": "diverged", "divergence_reason": "nonfinite_loss",
+                      "divergence_step": 7, "params": {"optim.lr": 1, "model.residual.p":
+                                                       math.inf, "model.residual.family":
+                                                       "spheret"}})
+    assert sorted(os.listdir(tmp_path / "trials/sweep=sw")) == ["trial=t1.parquet",
+                                                                "trial=t2.parquet"]
+    df = read_trials(root).set_index("trial")
+    assert df.loc["t1", "status"] == "completed" and df.loc["t1", "overhead_s"] == 2.0
+    assert df.loc["t1", "model.residual.family"] == "pre_ln"
+    assert df.loc["t1", "val/loss"] == 2.5 and "lr" not in df.columns
+    assert df.loc["t2", "optim.lr"] == 1.0 and df.loc["t1", "optim.lr"] == 1e-3  # promoted
+    assert df.loc["t2", "model.residual.p"] == math.inf
+    assert math.isnan(df.loc["t1", "model.residual.p"])
+    assert df.loc["t2", "divergence_step"] == 7 and df.loc["t1", "sweep"] == "sw"
+    rows = duckdb.sql(
+        f"select trial, status, \"optim.lr\" from read_parquet('{root}/trials/**/*.parquet',"
+        " hive_partitioning=true, union_by_name=true) order by trial").fetchall()
+    assert rows == [("t1", "completed", 1e-3), ("t2", "diverged", 1.0)]
+
+
+def test_empty_and_bad_names(tmp_path):
+    assert read_curves(str(tmp_path)).empty and read_trials(str(tmp_path)).empty
+    with pytest.raises(ValueError, match="trial="):
+        ParquetSink(str(tmp_path), "sw").write_curve("a/b", _curve(1, 2))
+    with pytest.raises(ValueError, match="sweep="):
+        ParquetSink(str(tmp_path), "x=y")

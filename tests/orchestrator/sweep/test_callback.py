@@ -1,0 +1,276 @@
+"""SinkCallback driven with fake Tune trials and payloads: both sinks checked."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import duckdb
+import pytest
+import ray.cloudpickle as cloudpickle
+from mlflow import MlflowClient
+
+from orchestrator.store.mlflow import MlflowSink, default_tracking
+from orchestrator.store.parquet import ParquetSink, read_curves, read_metrics, read_trials
+from orchestrator.sweep.callback import SinkCallback
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class FakeTrial:
+    trial_id: str
+    config: dict = field(default_factory=dict)
+    error_file: str | None = None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def _payload(trial: FakeTrial, first: int, last: int, status: str = "running",
+             divergence: dict | None = None, train_s: float = 0.0) -> dict:
+    """What orchestrator/sweep/worker.py sends: train loss = 10/step, val every 10 steps."""
+    curve = [{"step": s, "split": "train", "metric": "loss", "value": 10.0 / s,
+              "wall_time": 0.1 * s} for s in range(first, last + 1)]
+    curve += [{"step": s, "split": "val", "metric": "loss", "value": 20.0 / s,
+               "wall_time": 0.1 * s} for s in range(first, last + 1) if s % 10 == 0]
+    rows = [{"step": last, "metric": "cos", "module": m, "layer": layer, "next_layer": -1,
+             "value": 0.5} for m, layer in (("q", 0), ("q", 1), ("", -1))]
+    val = 20.0 / (last - last % 10) if last >= 10 else 2.0
+    out = {"step": last, "train/loss": 10.0 / last, "val/loss": val, "lr": 1e-3,
+           "training_iteration": 3, "config": {"optim.lr": 1e-3}, "done": False}
+    if status == "diverged":
+        out["val/loss"] = 10.8  # the penalty
+    out.update({"_curve": curve, "_rows": rows, "_status": status, "_divergence": divergence,
+                "_node": "host:10.0.0.1", "_timing": {"train_s": train_s, "setup_s": 0.5},
+                "_trial_params": trial.config, "_arm": f"optim.lr={trial.config['optim.lr']}",
+                "_seed": trial.config["train.seed"]})
+    return out
+
+
+@pytest.fixture()
+def sinks(tmp_path, tmp_path_factory):
+    template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
+    if not template.exists():
+        MlflowClient(f"sqlite:///{template}").search_experiments()
+    os.makedirs(tmp_path / "sw")
+    shutil.copy(template, tmp_path / "sw" / "mlflow.db")
+    uri, _ = default_tracking(str(tmp_path / "sw"))
+    ml = MlflowSink(uri, "geosweep", "sw")
+    parent = ml.start_parent("name: sw\n", {"sweep": "sw"}, {"git": {"sha": "x"}})
+    pq = ParquetSink(str(tmp_path / "sw" / "parquet"), "sw")
+    return ml, pq, parent, uri, str(tmp_path / "sw" / "parquet")
+
+
+def test_sweep_of_five_trials(sinks, tmp_path):
+    ml, pq, parent, uri, root = sinks
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
+    T = {n: FakeTrial(f"{n}_0000{i}", {"optim.lr": 10.0 ** -i, "train.seed": i})
+         for i, n in enumerate(["ok", "div", "fail", "res", "stop"])}
+    for t in T.values():
+        cb.on_trial_start(0, [], t)
+
+    # ok: three reports then done
+    for a, b in ((1, 10), (11, 20), (21, 30)):
+        cb.on_trial_result(0, [], T["ok"], _payload(T["ok"], a, b, train_s=b / 10))
+    cb.on_trial_result(0, [], T["ok"], _payload(T["ok"], 31, 30, "completed", train_s=3.0))
+    cb.on_trial_complete(0, [], T["ok"])
+    # div: diverges at step 14
+    cb.on_trial_result(0, [], T["div"], _payload(T["div"], 1, 10))
+    cb.on_trial_result(0, [], T["div"], _payload(
+        T["div"], 11, 14, "diverged", {"reason": "nonfinite_loss", "step": 14, "detail": "nan"}))
+    cb.on_trial_complete(0, [], T["div"])
+    # fail: worker died, retries exhausted
+    err = tmp_path / "error.txt"
+    err.write_text("Traceback...\n\nray.exceptions.ActorDiedError: worker died\n")
+    T["fail"].error_file = str(err)
+    cb.on_trial_result(0, [], T["fail"], _payload(T["fail"], 1, 5))
+    cb.on_trial_error(0, [], T["fail"])
+    # res: reaches 30, killed, recovered from the checkpoint at 20, finishes at 40
+    cb.on_trial_result(0, [], T["res"], _payload(T["res"], 1, 20))
+    cb.on_trial_result(0, [], T["res"], _payload(T["res"], 21, 30))
+    cb.on_trial_recover(0, [], T["res"])
+    cb.on_trial_start(0, [], T["res"])
+    cb.on_trial_result(0, [], T["res"], _payload(T["res"], 21, 40, "completed", train_s=4.0))
+    cb.on_trial_complete(0, [], T["res"])
+    # stop: ASHA ends it while the worker still says running
+    cb.on_trial_result(0, [], T["stop"], _payload(T["stop"], 1, 10, train_s=1.0))
+    cb.on_trial_complete(0, [], T["stop"])
+
+    # --- records (for the CLI) --------------------------------------------------------------
+    recs = {r["trial"]: r for r in cb.records()}
+    assert {k: recs[T[k].trial_id]["status"] for k in T} == {
+        "ok": "completed", "div": "diverged", "fail": "failed", "res": "completed",
+        "stop": "stopped"}
+    ok = recs["ok_00000"]
+    assert ok["best_val_loss"] == 20.0 / 30 and ok["final_train_loss"] == 10.0 / 30
+    # Clock ticks once per _record creation and per finish: ok started at 1001, ended 1006
+    assert ok["wall_s"] == 5.0 and ok["train_s"] == 3.0 and ok["overhead_s"] == 2.0
+    assert recs["div_00001"]["divergence_step"] == 14 and recs["div_00001"]["objective"] == 10.8
+    assert recs["fail_00002"]["error"] == "ray.exceptions.ActorDiedError: worker died"
+    assert recs["res_00003"]["retries"] == 1 and recs["res_00003"]["last_step"] == 40
+
+    # --- Parquet ------------------------------------------------------------------------------
+    trials = read_trials(root).set_index("trial")
+    assert trials.loc["div_00001", "divergence_reason"] == "nonfinite_loss"
+    assert trials.loc["div_00001", "status"] == "diverged"
+    assert trials.loc["ok_00000", "overhead_s"] == 2.0
+    assert trials.loc["ok_00000", "node"] == "host:10.0.0.1"
+    assert trials.loc["res_00003", "optim.lr"] == 1e-3 and trials.loc["res_00003", "seed"] == 3
+    assert trials.loc["ok_00000", "arm"] == "optim.lr=1.0"
+    steps = duckdb.sql(
+        f"select trial, count(*) n, count(distinct step) d, max(step) m from read_parquet("
+        f"'{root}/curves/**/*.parquet', hive_partitioning=true) where split = 'train' "
+        "group by trial order by trial").fetchall()
+    assert steps == [("div_00001", 14, 14, 14), ("fail_00002", 5, 5, 5),
+                     ("ok_00000", 30, 30, 30), ("res_00003", 40, 40, 40),
+                     ("stop_00004", 10, 10, 10)]
+    res_val = read_curves(root, "sw").query("trial == 'res_00003' and split == 'val'")
+    assert sorted(res_val.step) == [10, 20, 30, 40]
+    m = read_metrics(root).query("trial == 'res_00003'")
+    assert sorted(m.step.unique()) == [20, 40]  # the lost segment's step-30 rows are gone
+    assert len(m) == 6
+
+    # --- MLflow ------------------------------------------------------------------------------
+    client = MlflowClient(uri)
+    runs = client.search_runs([ml.experiment_id], "tags.`geosweep.role` = 'child'")
+    assert len(runs) == 5
+    by = {r.data.tags["geosweep.trial_id"]: r for r in runs}
+    assert all(r.data.tags["mlflow.parentRunId"] == parent for r in runs)
+    d = by["div_00001"]
+    assert d.data.tags["geosweep.status"] == "diverged" and d.info.status == "FINISHED"
+    assert d.data.tags["geosweep.divergence.reason"] == "nonfinite_loss"
+    assert d.data.tags["geosweep.divergence.step"] == "14"
+    assert by["fail_00002"].info.status == "FAILED"
+    assert by["stop_00004"].data.tags["geosweep.status"] == "stopped"
+    r = by["res_00003"]
+    assert r.data.tags["geosweep.seed"] == "3" and r.data.tags["geosweep.retries"] == "1"
+    assert r.data.params["optim.lr"] == "0.001"
+    hist = client.get_metric_history(r.info.run_id, "train/loss")
+    assert sorted(x.step for x in hist) == list(range(1, 41))
+    geo = client.get_metric_history(r.info.run_id, "geo/cos")
+    assert sorted(x.step for x in geo) == [20, 30, 40]  # model-wide rows only, once per step
+    assert "lr" not in r.data.metrics and r.data.metrics["val/loss"] == 0.5
+
+    # Tune pickles run_config callbacks into tuner.pkl: the callback must survive it
+    again = cloudpickle.loads(cloudpickle.dumps(cb))
+    assert again.records() == cb.records() and again.mlflow.parent_id == parent
+
+
+def test_works_with_one_sink_and_no_ray(tmp_path):
+    pq = ParquetSink(str(tmp_path), "sw")
+    cb = SinkCallback(parquet=pq)
+    t = FakeTrial("a_1", {"optim.lr": 0.1, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    assert read_trials(str(tmp_path)).status.tolist() == ["running"]
+    cb.on_trial_result(0, [], t, _payload(t, 1, 10, "completed"))
+    cb.on_trial_complete(0, [], t)
+    rec = cb.records()[0]
+    assert rec["status"] == "completed" and rec["sweep"] == "sw" and rec["seed"] == 0
+    assert len(read_curves(str(tmp_path))) == 11
+
+
+def test_background_writer_matches_synchronous(tmp_path):
+    """background=True: hooks return at once, one thread writes, records() flushes first."""
+    pq_sync, pq_bg = ParquetSink(str(tmp_path / "a"), "s"), ParquetSink(str(tmp_path / "b"), "s")
+    sync = SinkCallback(parquet=pq_sync, sweep="s", clock=Clock())
+    bg = SinkCallback(parquet=pq_bg, sweep="s", clock=Clock(), background=True)
+    cloudpickle.dumps(bg)  # Tune pickles callbacks: must work before and after the thread starts
+    for cb in (sync, bg):
+        trial = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+        cb.on_trial_start(0, [], trial)
+        cb.on_trial_result(0, [], trial, _payload(trial, 1, 10))
+        cb.on_trial_result(0, [], trial, _payload(trial, 11, 20, status="completed"))
+        cb.on_trial_complete(0, [], trial)
+    cloudpickle.dumps(bg)
+    a, b = sync.records(), bg.records()
+    assert [r["status"] for r in a] == [r["status"] for r in b] == ["completed"]
+    # timestamps are those of the Tune events (start = 1st, complete = 4th), not of the writes
+    assert (b[0]["started_at"], b[0]["ended_at"]) == (1001.0, 1004.0)
+    ca = read_curves(str(tmp_path / "a"), sweep="s").sort_values(["step", "split"])
+    cb_ = read_curves(str(tmp_path / "b"), sweep="s").sort_values(["step", "split"])
+    assert list(ca.step) == list(cb_.step) and len(ca) == 22
+
+
+def test_background_writer_error_surfaces_on_flush(tmp_path):
+    class Broken(ParquetSink):
+        def write_curve(self, trial_id, points):
+            raise OSError("disk full")
+
+    cb = SinkCallback(parquet=Broken(str(tmp_path), "s"), sweep="s", background=True)
+    trial = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], trial)
+    cb.on_trial_result(0, [], trial, _payload(trial, 1, 10))
+    with pytest.raises(RuntimeError, match="disk full"):
+        cb.flush()
+
+
+def test_train_worker_restart_is_detected_without_tune(sinks):
+    """A Ray Train worker group restarted from its checkpoint at step 20 re-reports 21..:
+    Tune calls no recover hook, yet the lost segment (21..30) is replaced, not duplicated."""
+    ml, pq, parent, uri, root = sinks
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
+    t = FakeTrial("tr_00000", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    cb.on_trial_result(0, [], t, _payload(t, 1, 20))
+    cb.on_trial_result(0, [], t, _payload(t, 21, 30))
+    lost = _payload(t, 21, 30)  # what the restarted worker computes differs in the test only
+    for p in lost["_curve"]:
+        p["value"] += 1.0
+    cb.on_trial_result(0, [], t, lost)
+    cb.on_trial_result(0, [], t, _payload(t, 31, 40, "completed"))
+    cb.on_trial_complete(0, [], t)
+    c = read_curves(root, sweep="sw")
+    c = c[(c["split"] == "train") & (c["metric"] == "loss")].sort_values("step")
+    assert c["step"].tolist() == list(range(1, 41))
+    # the re-reported rows replaced the old ones in Parquet
+    assert c.loc[c["step"] == 25, "value"].item() == pytest.approx(10.0 / 25 + 1.0)
+    rec = cb.records()[0]
+    assert rec["retries"] == 1 and rec["status"] == "completed"
+    hist = MlflowClient(uri).get_metric_history(ml._children[t.trial_id], "train/loss")
+    assert sorted(m.step for m in hist) == list(range(1, 41))  # every step once
+
+
+def test_preloaded_finished_trial_keeps_outcome_and_times(sinks):
+    """A resumed driver preloads Parquet records; a finished trial Tune re-starts (its
+    snapshot predates the finish) and completes without results keeps status and times; a
+    lost one is closed as failed."""
+    ml, pq, parent, uri, root = sinks
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
+    done, lost = (FakeTrial(f"{n}_00000", {"optim.lr": 1e-3, "train.seed": 0})
+                  for n in ("done", "lost"))
+    for t in (done, lost):
+        cb.on_trial_start(0, [], t)
+        cb.on_trial_result(0, [], t, _payload(t, 1, 10))
+    cb.on_trial_result(0, [], done, _payload(done, 11, 20, "completed"))
+    cb.on_trial_complete(0, [], done)
+    first = {r["trial"]: r for r in cb.records()}
+
+    from orchestrator.store.parquet import read_trial_records
+
+    ml2 = MlflowSink(uri, "geosweep", "sw")
+    ml2.start_parent("name: sw\n", {"sweep": "sw"}, {})
+    cb2 = SinkCallback(parquet=ParquetSink(root, "sw"), mlflow=ml2, metric="val/loss",
+                       clock=Clock())
+    cb2.preload(read_trial_records(root, "sw"))
+    cb2.on_trial_start(0, [], done)
+    cb2.on_trial_complete(0, [], done)
+    assert cb2.seen() == {done.trial_id}
+    cb2.abandon(lost.trial_id, "lost in a driver crash")
+    recs = {r["trial"]: r for r in cb2.records()}
+    assert recs[done.trial_id]["status"] == "completed"
+    assert recs[done.trial_id]["ended_at"] == first[done.trial_id]["ended_at"]
+    assert recs[done.trial_id]["final_val_loss"] == first[done.trial_id]["final_val_loss"]
+    assert recs[lost.trial_id]["status"] == "failed"
+    t = read_trials(root, sweep="sw").set_index("trial")
+    assert t.loc[lost.trial_id, "error"] == "lost in a driver crash"
+    runs = MlflowClient(uri).search_runs([ml.experiment_id],
+                                         filter_string="tags.`geosweep.role` = 'child'")
+    assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"]  # no duplicate child
