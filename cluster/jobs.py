@@ -112,7 +112,7 @@ class Submission:
 
 
 def _is_name(ref: str) -> bool:
-    # Mirrors orchestrator.sweep.spec.load_spec: a bare word that is not an existing file is a name.
+    # Mirrors orchestrator.sweep.spec_yaml.load_spec: a bare word that is not an existing file is a name.
     return not ("/" in ref or os.sep in ref or ref.endswith((".yaml", ".yml"))
                 or Path(ref).is_file())
 
@@ -226,7 +226,8 @@ def submit(spec_ref: str, address: str, out: str | None = None, mlflow_uri: str 
            submission_id: str | None = None, validate: bool = True) -> str:
     """Submit ``geosweep run spec_ref`` as a Ray Job; returns the job (submission) id."""
     if validate:  # fail here, in one line, not minutes later on the cluster
-        from orchestrator.sweep.spec import SpecError, load_spec
+        from orchestrator.sweep.spec import SpecError
+        from orchestrator.sweep.spec_yaml import load_spec
 
         try:
             load_spec(spec_ref)

@@ -4,7 +4,9 @@ One name per concept: the dotted path of a field (``model.residual.p``) is at on
 the MLflow param, the Parquet column and the plot axis. ``flatten(cfg)`` produces those keys.
 
 A residual family's own parameters live under it (``model.residual = {"family": "spheret",
-"p": 1.0}``); the family registry in ``workloads.residual`` validates them.
+"p": 1.0}``); the family registry in ``workloads.residual`` validates them. This module is a leaf
+(it imports nothing of ``workloads``): ``workloads.validate`` checks a config against the
+registries.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ __all__ = [
     "flatten",
     "to_dict",
     "from_dict",
-    "validate",
     "parse_value",
+    "parse_p",
+    "INF_SPELLINGS",
 ]
 
 
@@ -310,18 +313,27 @@ def flatten(cfg: WorkloadConfig | dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+INF_SPELLINGS = ("inf", "+inf", ".inf", "infinity", "+infinity")
+
+
+def parse_p(value: Any) -> Any:
+    """The one reader of infinity (p = inf): any of ``INF_SPELLINGS`` (any case, spaces around)
+    becomes ``math.inf``; every other value is returned unchanged."""
+    if isinstance(value, str) and value.strip().lower() in INF_SPELLINGS:
+        return math.inf
+    return value
+
+
 def parse_value(text: str) -> Any:
     """Parse a ``--set key=value`` value: YAML scalars, plus ``inf`` for p = infinity."""
     import yaml
 
-    if text.strip().lower() in ("inf", "+inf", "infinity"):
-        return math.inf
-    return yaml.safe_load(text)
+    value = parse_p(text)
+    return value if value is math.inf else yaml.safe_load(text)
 
 
 def _coerce(value: Any, current: Any, key: str) -> Any:
-    if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
-        value = math.inf
+    value = parse_p(value)
     if isinstance(current, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true/false, got {value!r}")
@@ -367,7 +379,7 @@ def apply_overrides(cfg: WorkloadConfig, overrides: dict[str, Any]) -> WorkloadC
                 raise ConfigError(f"unknown config key {key!r} (no field {missing!r})")
         last = parts[-1]
         if isinstance(obj, dict):
-            obj[last] = math.inf if isinstance(value, str) and value.lower() == "inf" else value
+            obj[last] = parse_p(value)
         elif dataclasses.is_dataclass(obj) and last in {f.name for f in dataclasses.fields(obj)}:
             current = getattr(obj, last)
             if dataclasses.is_dataclass(current):
@@ -382,72 +394,4 @@ def apply_overrides(cfg: WorkloadConfig, overrides: dict[str, Any]) -> WorkloadC
             valid = (sorted(f.name for f in dataclasses.fields(obj))
                      if dataclasses.is_dataclass(obj) else [])
             raise ConfigError(f"unknown config key {key!r}; valid under it: {', '.join(valid)}")
-    return cfg
-
-
-# --- validation --------------------------------------------------------------------------
-
-_CHOICES = {
-    "data.tokenizer": ("gpt2", "char", "none"),
-    "optim.name": ("adamw", "muon"),
-    "optim.schedule": ("cosine", "constant"),
-    "optim.muon.momentum_form": ("sum", "ema"),
-    "optim.muon.msign": ("polar_express", "ns5", "svd"),
-    "optim.manifold.dgram_retraction": ("paper_svd_sorted", "colnorm_polar"),
-    "train.dtype": ("float32", "bf16"),
-}
-_MLP_CHOICES = {
-    "model.activation": ("relu", "gelu", "silu", "none", "radial", "radial_rms"),
-    "model.norm": ("none", "layernorm", "rmsnorm"),
-}
-
-
-def validate(cfg: WorkloadConfig) -> WorkloadConfig:
-    """Check every field a user can get wrong; raise ConfigError with one line. Returns cfg."""
-    flat = flatten(cfg)
-    choices = dict(_CHOICES)
-    if isinstance(cfg.model, MLPConfig):
-        choices.update(_MLP_CHOICES)
-    for key, valid in choices.items():
-        if flat.get(key) not in valid:
-            raise ConfigError(f"{key}: {flat.get(key)!r} is not one of {', '.join(valid)}")
-    positive = ["optim.lr", "train.steps", "train.batch_size", "train.eval_iters",
-                "train.grad_accum", "optim.muon.lr"]
-    for key in positive:
-        v = flat[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v:
-            raise ConfigError(f"{key}: must be > 0, got {v!r}")
-    if not 0.0 <= cfg.data.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction: must be in [0, 1), got {cfg.data.val_fraction!r}")
-    for key in ("train.eval_every", "train.metrics_every", "train.checkpoint_every",
-                "optim.warmup_steps", "train.epochs"):
-        if flat[key] < 0:
-            raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")
-    dev = cfg.train.device
-    if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
-        raise ConfigError(f"train.device: {dev!r} is not one of auto, cpu, cuda, cuda:N")
-    m = cfg.model
-    if isinstance(m, GPTConfig):
-        if m.arch not in ("gpt", "llama"):
-            raise ConfigError(f"model.arch: {m.arch!r} is not one of gpt, llama, mlp")
-        for key in ("n_layer", "n_head", "n_embd", "block_size"):
-            if getattr(m, key) <= 0:
-                raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)!r}")
-        if m.n_embd % m.n_head:
-            raise ConfigError(f"model.n_embd: {m.n_embd} is not divisible by "
-                              f"model.n_head={m.n_head}")
-        if cfg.data.tokenizer == "none":
-            raise ConfigError("data.tokenizer: a GPT needs gpt2 or char, got 'none'")
-        from workloads.residual import family_params  # validates family name and its params
-
-        family_params(m.residual)
-    else:
-        for key in ("width", "depth", "d_in", "n_classes"):
-            if getattr(m, key) <= 0:
-                raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)!r}")
-        if m.init_scale <= 0:
-            raise ConfigError(f"model.init_scale: must be > 0, got {m.init_scale!r}")
-    from workloads.optim import validate_assignment  # validates names / patterns
-
-    validate_assignment(cfg.optim.manifold.assignment)
     return cfg

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workloads.config import ConfigError
+from workloads.config import ConfigError, parse_p
 from workloads.geometry.sphere import sphere_step, theta
 
 __all__ = [
@@ -110,6 +110,12 @@ class PreDyTParams:
 class KeelParams:
     alpha: Any = "L"  # "L" (n_layer), "2L" (sublayers) or a number > 0
 
+    def check(self, key: str) -> None:
+        a = self.alpha
+        ok = a in ("L", "2L") or (isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0)
+        if not ok:
+            raise ConfigError(f"{key}.alpha: must be 'L', '2L' or a number > 0, got {a!r}")
+
 
 @dataclass
 class GeoNormParams:
@@ -123,10 +129,21 @@ class GeoNormParams:
         "inner_norm": ("none", "rmsnorm"),
     }
 
+    def check(self, key: str) -> None:
+        for name, valid in self._choices.items():
+            if getattr(self, name) not in valid:
+                raise ConfigError(f"{key}.{name}: {getattr(self, name)!r} is not one of "
+                                  f"{', '.join(valid)}")
+
 
 @dataclass
 class SpheretParams(GeoNormParams):
     p: float = 1.0  # > 0 or inf; 1 = Proj, 2 = Cayley, inf = GeoNorm
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if not self.p > 0:
+            raise ConfigError(f"{key}.p: must be > 0 (or inf), got {self.p!r}")
 
 
 def _coerce(key: str, value: Any, default: Any) -> Any:
@@ -134,26 +151,11 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true/false, got {value!r}")
     elif isinstance(default, float):
-        if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
-            value = math.inf
+        value = parse_p(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         value = float(value)
     return value
-
-
-def _check(key: str, params: Any) -> None:
-    for name, valid in getattr(params, "_choices", {}).items():
-        if getattr(params, name) not in valid:
-            raise ConfigError(f"{key}.{name}: {getattr(params, name)!r} is not one of "
-                              f"{', '.join(valid)}")
-    if isinstance(params, SpheretParams) and not params.p > 0:
-        raise ConfigError(f"{key}.p: must be > 0 (or inf), got {params.p!r}")
-    if isinstance(params, KeelParams):
-        a = params.alpha
-        ok = a in ("L", "2L") or (isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0)
-        if not ok:
-            raise ConfigError(f"{key}.alpha: must be 'L', '2L' or a number > 0, got {a!r}")
 
 
 def family_params(d: dict, key: str = "model.residual") -> Any:
@@ -171,7 +173,8 @@ def family_params(d: dict, key: str = "model.residual") -> Any:
             valid = ", ".join(fields) or "(none)"
             raise ConfigError(f"{key}.{k}: not a parameter of family {name!r}; valid: {valid}")
     params = cls(**{k: _coerce(f"{key}.{k}", v, fields[k]) for k, v in d.items()})
-    _check(key, params)
+    if hasattr(params, "check"):  # each family checks its own parameters
+        params.check(key)
     return params
 
 

@@ -27,9 +27,10 @@ from workloads.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from workloads.config import MLPConfig, WorkloadConfig, to_dict, validate
+from workloads.config import MLPConfig, WorkloadConfig, to_dict
 from workloads.report import CurvePoint, Divergence, Report, StepInfo, StepMonitor
 from workloads.schedule import lr_at
+from workloads.validate import validate
 
 __all__ = ["run", "RunResult", "resolve_device", "build_data", "Data"]
 

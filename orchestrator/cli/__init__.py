@@ -35,7 +35,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load_spec(ref: str, args: argparse.Namespace | None = None):
-    from orchestrator.sweep.spec import SpecError, load_spec
+    from orchestrator.sweep.spec import SpecError
+    from orchestrator.sweep.spec_yaml import load_spec
 
     try:
         spec = load_spec(ref)
@@ -268,7 +269,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from workloads.config import ConfigError, apply_overrides, parse_value, preset, validate
+    from workloads.config import ConfigError, apply_overrides, parse_value, preset
+    from workloads.validate import validate
 
     try:
         cfg = preset(args.preset)

@@ -131,7 +131,8 @@ def run_eval(sweep_dir: str | Path, trials: list[str] | None = None,
         client = MlflowClient(tracking_uri=uri)
         experiment = None
         if (root / "spec.yaml").exists():
-            from orchestrator.sweep.spec import SpecError, load_spec
+            from orchestrator.sweep.spec import SpecError
+            from orchestrator.sweep.spec_yaml import load_spec
 
             try:
                 experiment = load_spec(str(root / "spec.yaml")).tracking.experiment

@@ -54,7 +54,8 @@ def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.Arg
 def cmd_search_p(args: argparse.Namespace) -> int:
     from orchestrator.cli import UsageError, _check_address, _check_out_dir, prepare_sweep_folder
     from orchestrator.sweep.search_p import SearchPError, search_p, stage1_spec
-    from orchestrator.sweep.spec import SpecError, load_spec
+    from orchestrator.sweep.spec import SpecError
+    from orchestrator.sweep.spec_yaml import load_spec
     from orchestrator.sweep.tuner import sweep_paths
 
     if args.resume and args.overwrite:

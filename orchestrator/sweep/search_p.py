@@ -37,7 +37,8 @@ import yaml
 
 from orchestrator.analysis.stats import t_interval
 from orchestrator.sweep.space import PREFIX, SPECIAL, flat_from_tune_config
-from orchestrator.sweep.spec import SpecError, SweepSpec, spec_from_dict
+from orchestrator.sweep.spec import SpecError, SweepSpec
+from orchestrator.sweep.spec_yaml import spec_from_dict
 
 __all__ = ["P_KEY", "LR_KEY", "SAMPLERS", "SearchPError", "SearchPResult", "search_p",
            "stage1_spec", "confirm_specs", "observations", "params_from_optuna", "select_top_k",

@@ -26,8 +26,12 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from orchestrator.sweep.spec import Param, SweepSpec
+from orchestrator.sweep.params import Param, holds
+from orchestrator.sweep.params import expand as expand_space
+from workloads.config import parse_p
+
+if TYPE_CHECKING:  # annotations only: spec.py does not import this module (no cycle)
+    from orchestrator.sweep.spec import SweepSpec
 
 __all__ = [
     "PREFIX", "SPECIAL", "REGULAR", "expand", "grid_trials", "count_trials", "build_search",
@@ -42,43 +46,10 @@ REGULAR = "none"  # the switch value meaning "draw from the regular distribution
 # --- conditions and exact expansion ----------------------------------------------------------
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equality that keeps True apart from 1 (and 'inf' apart from nothing: values are parsed)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
-
-
-def _holds(p: Param, trial: Mapping[str, Any]) -> bool:
-    return all(k in trial and trial[k] is not None and any(_same(trial[k], v) for v in vals)
-               for k, vals in p.when.items())
-
-
 def expand(spec: SweepSpec, values_of: Callable[[Param], list[Any]],
            seeds: list[int]) -> list[dict[str, Any]]:
-    """Cartesian product of ``values_of(param)`` in space order x seeds (outermost).
-
-    A conditional param is absent where its condition fails; duplicates are dropped, first
-    occurrence kept. Seeds are the outer loop so that every arm's first seed runs first.
-    """
-    arms: list[dict[str, Any]] = [{}]
-    for key, p in spec.space.items():
-        grown: list[dict[str, Any]] = []
-        for a in arms:
-            if _holds(p, a):
-                grown.extend({**a, key: v} for v in values_of(p))
-            else:
-                grown.append(a)  # the condition fails: the param is absent from this arm
-        arms = grown
-    out, seen = [], set()
-    for s in seeds:
-        for a in arms:
-            trial = {**a, "train.seed": s}
-            sig = tuple(sorted((k, type(v).__name__, v) for k, v in trial.items()))
-            if sig not in seen:
-                seen.add(sig)
-                out.append(trial)
-    return out
+    """``params.expand`` over ``spec.space`` (see there)."""
+    return expand_space(spec.space, values_of, seeds)
 
 
 def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:
@@ -136,7 +107,7 @@ class _ConditionalDraw:
         for w in self.p.when:
             if isinstance(trial.get(w), Domain):  # not drawn yet: Tune retries after it
                 raise RecursiveDependencyError(f"{self.key} depends on {w}")
-        if not _holds(self.p, trial):
+        if not holds(self.p, trial):
             return None  # absent: the condition fails
         pick = self.rng.randrange(1 + len(self.p.also))
         return _draw(self.p, self.rng) if pick == 0 else self.p.also[pick - 1]
@@ -177,7 +148,7 @@ def _enc(v: Any) -> Any:
 
 
 def _dec(v: Any) -> Any:
-    if isinstance(v, str) and v.strip().lower() in ("inf", "+inf", ".inf", "infinity"):
+    if parse_p(v) is math.inf:
         return math.inf
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
         return v.item()  # numpy scalar -> Python scalar
@@ -197,7 +168,7 @@ class DefineByRun:
     def __call__(self, trial: Any) -> dict[str, Any]:
         got: dict[str, Any] = {}
         for key, p in self.params:
-            if not _holds(p, got):
+            if not holds(p, got):
                 continue
             name = optuna_param_name(key)
             if p.also:

@@ -2,8 +2,9 @@
 
 Every error a user can make becomes ONE line naming the dotted field and what would be valid,
 raised as ``SpecError``: pydantic's ``ValidationError`` is reduced to its first error
-(``format_validation_error``), and the cross-field rules (algorithm vs. parameter kinds, ASHA vs.
-budget, space values vs. the workload config) raise lines of the same shape.
+(``format_validation_error`` in orchestrator/sweep/spec_yaml.py, which also reads the YAML),
+and the cross-field rules (algorithm vs. parameter kinds, ASHA vs. budget, space values vs.
+the workload config) raise lines of the same shape.
 
 A trial is a flat dict of dotted overrides (``{"optim.lr": 1e-3, "train.seed": 0}``) applied to
 the preset, then the workload overrides, then the budget (``base_config``/``trial_config``).
@@ -11,50 +12,38 @@ the preset, then the workload overrides, then the budget (``base_config``/``tria
 
 from __future__ import annotations
 
-import builtins
 import math
-import os
 import re
-import types
-import typing
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from orchestrator.sweep.divergence import DivergenceRules
+from orchestrator.sweep.params import P_KEY, Param, expand, fmt, ident, strict
 from workloads.config import (
     PRESETS,
     ConfigError,
     WorkloadConfig,
     apply_overrides,
     flatten,
-    validate,
 )
+from workloads.validate import validate
 
 __all__ = [
     "SpecError", "Param", "Workload", "Search", "Scheduler", "Budget", "Resources", "Tracking",
-    "SweepSpec", "load_spec", "spec_from_dict", "spec_from_text", "format_validation_error",
-    "MAX_SPEC_BYTES", "MAX_YAML_NODES", "KINDS",
+    "SweepSpec",
 ]
 
-MAX_SPEC_BYTES = 1_000_000
-MAX_YAML_NODES = 100_000  # after alias expansion: a billion-laughs file is refused
-MAX_YAML_DEPTH = 64
 MAX_CHECKED_COMBOS = 256  # corner combinations of a space validated against the workload
-KINDS = ("grid", "choice", "uniform", "loguniform", "int")
 _NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 _KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
-_INF = ("inf", "+inf", ".inf", "infinity", "+infinity")
-_POSITIVE = ("model.residual.p", "optim.lr", "optim.muon.lr")  # > 0; inf allowed only for p
+_POSITIVE = (P_KEY, "optim.lr", "optim.muon.lr")  # > 0; inf allowed only for p
 _BUDGET = {"steps": "train.steps", "eval_every": "train.eval_every",
            "metrics_every": "train.metrics_every", "checkpoint_every": "train.checkpoint_every"}
 _CHECKPOINTS_PER_TRIAL = 10  # default: a worker failure loses at most ~10% of a trial
@@ -64,115 +53,11 @@ class SpecError(ValueError):
     """A user-facing sweep-spec error; its message is one line naming the bad field."""
 
 
-def _strict() -> ConfigDict:
-    return ConfigDict(extra="forbid", strict=True, ser_json_inf_nan="constants")
-
-
-def _scalar(v: Any, where: str) -> Any:
-    """A space value: str, bool, int or float; the strings inf/.inf mean math.inf."""
-    if isinstance(v, str) and v.strip().lower() in _INF:
-        return math.inf
-    if isinstance(v, float) and v != v:
-        raise ValueError(f"{where}: NaN is not a valid value")
-    if not isinstance(v, (str, bool, int, float)):
-        raise ValueError(f"{where}: values must be strings, numbers or booleans, got {v!r}")
-    return v
-
-
-def _ident(v: Any) -> tuple[str, Any]:
-    """Identity of a space value: 1 and 1.0 are the same number, True is not 1."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return ("num", float(v))
-    return (type(v).__name__, v)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return "inf" if v == math.inf else f"{v:.6g}"
-    return str(v)
-
-
 # --- sections ------------------------------------------------------------------------------
 
 
-class Param(BaseModel):
-    """One distribution: exactly one of ``grid | choice | uniform | loguniform | int``.
-
-    ``int`` bounds are inclusive. ``also`` adds special values (``inf`` for p) to any kind;
-    ``when`` makes the parameter exist only where earlier space keys take the given value(s).
-    """
-
-    model_config = _strict()
-
-    grid: list[Any] | None = None
-    choice: list[Any] | None = None
-    uniform: list[float] | None = None
-    loguniform: list[float] | None = None
-    int: list[builtins.int] | None = None  # the YAML word; builtins: the name shadows int
-    also: list[Any] = Field(default_factory=list)
-    when: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _check(self) -> Param:
-        given = [k for k in KINDS if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"needs exactly one of {', '.join(KINDS)}, got "
-                             f"{', '.join(given) or 'none'}")
-        kind = given[0]
-        vals = getattr(self, kind)
-        if kind in ("grid", "choice"):
-            vals = [_scalar(v, kind) for v in vals]
-            if not vals:
-                raise ValueError(f"{kind} needs at least one value")
-            if len(set(map(_ident, vals))) != len(vals):
-                raise ValueError(f"{kind} values must be distinct, got {vals}")
-            setattr(self, kind, vals)
-        else:
-            if len(vals) != 2:
-                raise ValueError(f"{kind} needs [low, high], got {vals}")
-            low, high = vals
-            if kind == "int" and any(isinstance(v, bool) for v in vals):
-                raise ValueError(f"int bounds must be integers, got {vals}")
-            if not all(math.isfinite(v) for v in vals):
-                raise ValueError(f"{kind} bounds must be finite (use also: [inf]), got {vals}")
-            if kind == "loguniform" and not low > 0:
-                raise ValueError(f"loguniform low must be > 0, got {_fmt(low)}")
-            if not low < high:
-                raise ValueError(f"{kind} low must be < high, got [{_fmt(low)}, {_fmt(high)}]")
-        self.also = [_scalar(v, "also") for v in self.also]
-        if set(map(_ident, self.also)) & set(map(_ident, self.values())):
-            raise ValueError(f"also repeats a {kind} value: {self.also}")
-        when = {}
-        for k, v in self.when.items():
-            v = list(v) if isinstance(v, list) else [v]
-            if not v:
-                raise ValueError(f"when.{k} needs at least one value")
-            when[k] = [_scalar(x, f"when.{k}") for x in v]
-        self.when = when
-        return self
-
-    @property
-    def kind(self) -> str:
-        return next(k for k in KINDS if getattr(self, k) is not None)
-
-    @property
-    def discrete(self) -> bool:
-        return self.kind in ("grid", "choice")
-
-    def values(self) -> list[Any]:
-        """grid/choice values (``also`` excluded)."""
-        return list(getattr(self, self.kind)) if self.discrete else []
-
-    def candidates(self) -> list[Any]:
-        """Values that stand for the whole distribution when checking it: bounds, also."""
-        own = self.values() if self.discrete else list(getattr(self, self.kind))
-        return own + list(self.also)
-
-
 class Workload(BaseModel):
-    model_config = _strict()
+    model_config = strict()
 
     preset: str
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -186,7 +71,7 @@ class Workload(BaseModel):
 
 
 class Search(BaseModel):
-    model_config = _strict()
+    model_config = strict()
 
     algorithm: Literal["grid", "random", "optuna-tpe", "optuna-gp"] = "grid"
     num_samples: int = Field(1, ge=1)
@@ -199,7 +84,7 @@ class Search(BaseModel):
 class Scheduler(BaseModel):
     """ASHA in training steps (Tune ``time_attr="step"``); unset values come from the budget."""
 
-    model_config = _strict()
+    model_config = strict()
 
     type: Literal["none", "asha"] = "none"
     grace_period: int | None = Field(None, ge=1)
@@ -214,7 +99,7 @@ class Budget(BaseModel):
     a recent checkpoint (checkpoints are taken at reports only). 0 turns them off (the final
     checkpoint stays)."""
 
-    model_config = _strict()
+    model_config = strict()
 
     steps: int | None = Field(None, ge=1)
     eval_every: int | None = Field(None, ge=1)
@@ -223,7 +108,7 @@ class Budget(BaseModel):
 
 
 class Resources(BaseModel):
-    model_config = _strict()
+    model_config = strict()
 
     workers_per_trial: int = Field(1, ge=1)
     cpus_per_worker: float = Field(1.0, gt=0)
@@ -259,7 +144,7 @@ class Resources(BaseModel):
 
 
 class Tracking(BaseModel):
-    model_config = _strict()
+    model_config = strict()
 
     mlflow_uri: str | None = None
     parquet_root: str | None = None
@@ -272,7 +157,7 @@ class Tracking(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    model_config = _strict()
+    model_config = strict()
 
     name: str
     description: str | None = None
@@ -310,14 +195,12 @@ class SweepSpec(BaseModel):
 
     @model_validator(mode="after")
     def _cross_check(self) -> SweepSpec:
-        from orchestrator.sweep.space import expand  # the same expansion the sweep runs
-
         self._check_budget()
         base = self.base_config()
         self._check_keys()
         self._unify_numbers(base)
         self._check_algorithm()
-        self._check_values(base, expand)
+        self._check_values(base)
         self._resolve_scheduler(base)
         return self
 
@@ -358,11 +241,11 @@ class SweepSpec(BaseModel):
                                      f"before {key!r}; earlier keys: {', '.join(keys[:i]) or '-'}")
                 q = self.space[w]
                 if q.discrete:
-                    occurs = set(map(_ident, q.values() + q.also))
-                    never = [v for v in vals if _ident(v) not in occurs]
+                    occurs = set(map(ident, q.values() + q.also))
+                    never = [v for v in vals if ident(v) not in occurs]
                     if never:
-                        raise ValueError(f"space.{key}.when: {w}={_fmt(never[0])} never occurs; "
-                                         f"{w} takes {', '.join(map(_fmt, q.values()))}")
+                        raise ValueError(f"space.{key}.when: {w}={fmt(never[0])} never occurs; "
+                                         f"{w} takes {', '.join(map(fmt, q.values()))}")
 
     def _unify_numbers(self, base: WorkloadConfig) -> None:
         """One numeric type per param (floats if any value or the config field is a float), so
@@ -405,21 +288,21 @@ class SweepSpec(BaseModel):
                 raise ValueError(f"space.{key}: a conditional grid param cannot be random-"
                                  "searched; use choice")
 
-    def _check_values(self, base: WorkloadConfig, expand: Any) -> None:
+    def _check_values(self, base: WorkloadConfig) -> None:
         for key, p in self.space.items():
             if key in _POSITIVE:
                 for v in p.candidates():
                     num = isinstance(v, (int, float)) and not isinstance(v, bool)
-                    if not num or not v > 0 or (v == math.inf and key != "model.residual.p"):
-                        valid = "> 0 (or inf)" if key == "model.residual.p" else "finite and > 0"
-                        raise ValueError(f"space.{key}: values must be {valid}, got {_fmt(v)}")
+                    if not num or not v > 0 or (v == math.inf and key != P_KEY):
+                        valid = "> 0 (or inf)" if key == P_KEY else "finite and > 0"
+                        raise ValueError(f"space.{key}: values must be {valid}, got {fmt(v)}")
             ctx = self._context(key)
             for v in p.candidates():
                 try:
                     validate(apply_overrides(base, {**ctx, key: v}))
                 except ConfigError as e:
-                    raise ValueError(f"space.{key}: {_fmt(v)} is invalid: {e}") from None
-        combos = expand(self, lambda p: p.candidates(), [self.seeds[0]])
+                    raise ValueError(f"space.{key}: {fmt(v)} is invalid: {e}") from None
+        combos = expand(self.space, lambda p: p.candidates(), [self.seeds[0]])
         for flat in combos[:MAX_CHECKED_COMBOS]:
             try:
                 validate(apply_overrides(base, flat))
@@ -483,7 +366,7 @@ class SweepSpec(BaseModel):
         """``key=value`` pairs without the seed, in space order; ``base`` when empty."""
         order = [k for k in self.space if k in flat]
         order += sorted(k for k in flat if k not in self.space and k != "train.seed")
-        return ",".join(f"{k}={_fmt(flat[k])}" for k in order) or "base"
+        return ",".join(f"{k}={fmt(flat[k])}" for k in order) or "base"
 
     def to_yaml(self) -> str:
         """The resolved spec as YAML (``inf`` as ``.inf``); ``load`` of it gives this spec."""
@@ -491,150 +374,4 @@ class SweepSpec(BaseModel):
         d["space"] = {k: p.model_dump(exclude_defaults=True) for k, p in self.space.items()}
         return yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=100)
 
-
-# --- errors --------------------------------------------------------------------------------
-
-
-def _model_at(path: list[Any]) -> type[BaseModel] | None:
-    """The pydantic model class found by walking ``path`` (field names, dict keys) from the root."""
-    cur: Any = SweepSpec
-    i = 0
-    while i < len(path):
-        is_model = isinstance(cur, type) and issubclass(cur, BaseModel)
-        if not is_model or path[i] not in cur.model_fields:
-            return None
-        ann = cur.model_fields[path[i]].annotation
-        if typing.get_origin(ann) in (typing.Union, types.UnionType):
-            ann = next(a for a in typing.get_args(ann) if a is not type(None))
-        if typing.get_origin(ann) is dict:
-            ann = typing.get_args(ann)[1]
-            i += 1  # skip the dict key
-        cur = ann
-        i += 1
-    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    """The first error as one line: ``dotted.field: what is wrong / what is valid``."""
-    err = exc.errors(include_url=False)[0]
-    # drop pydantic's union/function tags ("function-after[...]", "literal['a']") from the path
-    loc = [p for p in err["loc"] if isinstance(p, int) or "[" not in p]
-    parts = [str(p) for p in loc if not isinstance(p, int)]
-    where = ".".join(parts) + "".join(f"[{p}]" for p in loc[len(parts):] if isinstance(p, int))
-    msg = err["msg"].removeprefix("Value error, ")
-    kind, got = err["type"], err.get("input")
-    if kind == "extra_forbidden":
-        model = _model_at([str(p) for p in loc[:-1]])
-        valid = ", ".join(model.model_fields) if model else ""
-        text = f"unknown field; valid: {valid}" if valid else "unknown field"
-    elif kind == "missing":
-        text = "required field is missing"
-    elif kind in ("model_type", "model_attributes_type", "dict_type"):
-        text = f"expected a mapping, got {_short(got)}"
-    elif kind == "value_error":
-        text = msg
-    else:
-        text = f"{msg}, got {_short(got)}"
-    text = " ".join(text.split())
-    return f"{where}: {text}" if where else text
-
-
-def _short(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
-
-
-# --- YAML ----------------------------------------------------------------------------------
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """SafeLoader that refuses alias bombs, cyclic aliases, deep nesting and duplicate keys,
-    and reads ``1e-3`` as a float (YAML 1.1 needs ``1.0e-3``; users write both)."""
-
-    def get_single_node(self) -> yaml.Node | None:
-        node = super().get_single_node()
-        if node is not None:
-            _walk(node, {}, set(), 0)
-        return node
-
-
-_SpecLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-def _walk(node: yaml.Node, memo: dict[int, int], active: set[int], depth: int) -> int:
-    """Expanded node count (aliases counted every time they are used), memoised per node."""
-    if id(node) in memo:
-        return memo[id(node)]
-    if id(node) in active:
-        raise SpecError("spec: recursive YAML alias")
-    if depth > MAX_YAML_DEPTH:
-        raise SpecError(f"spec: YAML nested deeper than {MAX_YAML_DEPTH} levels")
-    active.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
-        dup = next((k for k in keys if keys.count(k) > 1 and k != "<<"), None)
-        if dup is not None:
-            raise SpecError(f"spec: duplicate key {dup!r} at line {node.start_mark.line + 1}")
-        children = [c for kv in node.value for c in kv]
-    elif isinstance(node, yaml.SequenceNode):
-        children = node.value
-    else:
-        children = []
-    n = 1 + sum(_walk(c, memo, active, depth + 1) for c in children)
-    if n > MAX_YAML_NODES:
-        raise SpecError(f"spec: YAML expands to more than {MAX_YAML_NODES} nodes "
-                        "(an alias bomb?); refusing")
-    active.discard(id(node))
-    memo[id(node)] = n
-    return n
-
-
-def spec_from_text(text: str | bytes, source: str = "spec") -> SweepSpec:
-    """Parse and validate YAML text (at most ``MAX_SPEC_BYTES``)."""
-    size = len(text.encode() if isinstance(text, str) else text)
-    if size > MAX_SPEC_BYTES:
-        raise SpecError(f"{source}: {size} bytes is larger than the {MAX_SPEC_BYTES} byte limit")
-    try:
-        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"{source}: invalid YAML{at}: {e.problem or e.context}") from None
-    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as e:
-        raise SpecError(f"{source}: invalid YAML: {type(e).__name__}") from None
-    return spec_from_dict(data)
-
-
-def spec_from_dict(data: Any) -> SweepSpec:
-    if not isinstance(data, dict):
-        raise SpecError(f"spec: the top level must be a mapping of sections, got "
-                        f"{type(data).__name__}")
-    try:
-        return SweepSpec.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(format_validation_error(e)) from None
-
-
-def load_spec(name_or_path: str | os.PathLike) -> SweepSpec:
-    """A shipped spec by bare name (``quickstart``) or a YAML file by path."""
-    from search_spaces import list_specs, spec_path
-
-    text = str(name_or_path)
-    is_path = (isinstance(name_or_path, os.PathLike) or os.sep in text or "/" in text
-               or text.endswith((".yaml", ".yml")) or Path(text).is_file())
-    if is_path:
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise SpecError(f"spec: no such file {text!r}")
-    else:
-        if text not in list_specs():
-            raise SpecError(f"spec: {text!r} is neither a file nor a shipped spec; shipped: "
-                            f"{', '.join(list_specs())}")
-        path = spec_path(text)
-    size = path.stat().st_size
-    if size > MAX_SPEC_BYTES:
-        raise SpecError(f"{path.name}: {size} bytes is larger than the {MAX_SPEC_BYTES} byte limit")
-    return spec_from_text(path.read_bytes(), source=path.name)
 

@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from torch import nn
 
 from workloads.config import ConfigError, GPTConfig, MLPConfig
+from workloads.models.roles import MatrixRole
 
 __all__ = ["MatrixRole", "build_model", "GPT2_VOCAB", "GPT2_VOCAB_PADDED"]
 
 GPT2_VOCAB = 50257
 GPT2_VOCAB_PADDED = 50304  # nanoGPT: padded to a multiple of 64 for speed
-
-
-@dataclass
-class MatrixRole:
-    """One weight matrix (nn.Linear layout, out x in) and what it does."""
-
-    name: str  # parameter name, e.g. "blocks.3.attn.c_attn.weight"
-    param: nn.Parameter
-    role: str  # qkv q k v o fc proj gate up down hidden in out
-    layer: int  # block index, 0-based (inputs: -1, outputs: n_layer)
-    kind: str  # attention | mlp | io
 
 
 def build_model(model_cfg: GPTConfig | MLPConfig, vocab_size: int | None = None) -> nn.Module:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from workloads.config import ConfigError, GPTConfig
 from workloads.geometry.sphere import fp32_region
-from workloads.models import MatrixRole
+from workloads.models.roles import MatrixRole
 from workloads.residual import make_stream
 
 __all__ = ["GPT", "CausalSelfAttention", "LlamaAttention", "MLP", "SwiGLU", "Block",

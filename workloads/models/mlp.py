@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workloads.config import ConfigError, MLPConfig
-from workloads.models import MatrixRole
+from workloads.models.roles import MatrixRole
 
 __all__ = ["ResidualMLP", "Block", "ACTIVATIONS", "NORMS", "radial", "radial_rms", "radial_gate"]
 

@@ -17,7 +17,8 @@ from fake_sweep import TRIALS, FakeSweep, make_sweep
 
 from orchestrator.store.checkpoints import checkpoint_step, final_checkpoint, trial_checkpoints
 from orchestrator.store.weights import best_record, keep_weights, load_model, model_from_checkpoint
-from orchestrator.sweep.spec import SpecError, load_spec
+from orchestrator.sweep.spec import SpecError
+from orchestrator.sweep.spec_yaml import load_spec
 
 torch.set_num_threads(1)
 

@@ -114,7 +114,7 @@ def test_healthy_trials_untouched(storm):
     import torch
 
     from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules
-    from orchestrator.sweep.spec import spec_from_text
+    from orchestrator.sweep.spec_yaml import spec_from_text
     from workloads.train import run
 
     torch.set_num_threads(1)

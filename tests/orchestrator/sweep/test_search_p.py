@@ -34,7 +34,7 @@ from orchestrator.sweep.search_p import (
     summarize,
 )
 from orchestrator.sweep.space import _sampler, define_by_run
-from orchestrator.sweep.spec import load_spec, spec_from_dict
+from orchestrator.sweep.spec_yaml import load_spec, spec_from_dict
 
 optuna = pytest.importorskip("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)

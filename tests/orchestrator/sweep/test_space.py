@@ -24,7 +24,7 @@ from orchestrator.sweep.space import (
     grid_trials,
     optuna_param_name,
 )
-from orchestrator.sweep.spec import spec_from_dict
+from orchestrator.sweep.spec_yaml import spec_from_dict
 
 pytestmark = pytest.mark.timeout(120)
 optuna.logging.set_verbosity(optuna.logging.WARNING)

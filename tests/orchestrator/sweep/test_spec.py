@@ -8,14 +8,8 @@ import time
 
 import pytest
 
-from orchestrator.sweep.spec import (
-    MAX_SPEC_BYTES,
-    SpecError,
-    SweepSpec,
-    load_spec,
-    spec_from_dict,
-    spec_from_text,
-)
+from orchestrator.sweep.spec import SpecError, SweepSpec
+from orchestrator.sweep.spec_yaml import MAX_SPEC_BYTES, load_spec, spec_from_dict, spec_from_text
 from search_spaces import list_specs, spec_path
 from workloads.optim import STRATEGIES
 from workloads.residual import RESIDUALS

@@ -1,0 +1,103 @@
+"""``validate(cfg)``: check a ``WorkloadConfig`` against the registries that define what is valid.
+
+It lives here, not in ``workloads/config.py``, so that the config stays a leaf of plain values:
+the residual families (``workloads.residual.RESIDUALS``), the optimizer's assignment strategies
+and constraints (``workloads.optim``), the msign methods, the DGram retractions and the MLP's
+activations and norms each own their list of names, and every error message is built from it.
+Every failure is one ``ConfigError`` line naming the dotted field and what is valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workloads.config import ConfigError, GPTConfig, WorkloadConfig, flatten
+from workloads.geometry.dgram import DGRAM_RETRACTIONS
+from workloads.geometry.msign import MSIGN_METHODS
+from workloads.models.mlp import ACTIVATIONS, NORMS
+from workloads.optim import validate_assignment
+from workloads.residual import family_params
+
+__all__ = ["validate", "choices"]
+
+_POSITIVE = ("optim.lr", "train.steps", "train.batch_size", "train.eval_iters",
+             "train.grad_accum", "optim.muon.lr")
+_NON_NEGATIVE = ("train.eval_every", "train.metrics_every", "train.checkpoint_every",
+                 "optim.warmup_steps", "train.epochs")
+_DEFAULT_ASSIGNMENT = "unconstrained"
+
+
+def choices(cfg: WorkloadConfig) -> dict[str, tuple[str, ...]]:
+    """Dotted key -> its valid names, for the keys that take a name (model-dependent)."""
+    out = {
+        "data.tokenizer": ("gpt2", "char", "none"),
+        "optim.name": ("adamw", "muon"),
+        "optim.schedule": ("cosine", "constant"),
+        "optim.muon.momentum_form": ("sum", "ema"),
+        "optim.muon.msign": tuple(MSIGN_METHODS),
+        "optim.manifold.dgram_retraction": tuple(DGRAM_RETRACTIONS),
+        "train.dtype": ("float32", "bf16"),
+    }
+    if not isinstance(cfg.model, GPTConfig):
+        out["model.activation"] = tuple(ACTIVATIONS)
+        out["model.norm"] = tuple(NORMS)
+    return out
+
+
+def validate(cfg: WorkloadConfig) -> WorkloadConfig:
+    """Check every field a user can get wrong; raise ConfigError with one line. Returns cfg."""
+    flat = flatten(cfg)
+    for key, valid in choices(cfg).items():
+        if flat.get(key) not in valid:
+            raise ConfigError(f"{key}: {flat.get(key)!r} is not one of {', '.join(valid)}")
+    _check_numbers(cfg, flat)
+    _check_model(cfg)
+    _check_optim(cfg)
+    return cfg
+
+
+def _check_numbers(cfg: WorkloadConfig, flat: dict[str, Any]) -> None:
+    for key in _POSITIVE:
+        v = flat[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v:
+            raise ConfigError(f"{key}: must be > 0, got {v!r}")
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction: must be in [0, 1), got {cfg.data.val_fraction!r}")
+    for key in _NON_NEGATIVE:
+        if flat[key] < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")
+    dev = cfg.train.device
+    if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
+        raise ConfigError(f"train.device: {dev!r} is not one of auto, cpu, cuda, cuda:N")
+
+
+def _check_model(cfg: WorkloadConfig) -> None:
+    m = cfg.model
+    if isinstance(m, GPTConfig):
+        if m.arch not in ("gpt", "llama"):
+            raise ConfigError(f"model.arch: {m.arch!r} is not one of gpt, llama, mlp")
+        for key in ("n_layer", "n_head", "n_embd", "block_size"):
+            if getattr(m, key) <= 0:
+                raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)!r}")
+        if m.n_embd % m.n_head:
+            raise ConfigError(f"model.n_embd: {m.n_embd} is not divisible by "
+                              f"model.n_head={m.n_head}")
+        if cfg.data.tokenizer == "none":
+            raise ConfigError("data.tokenizer: a GPT needs gpt2 or char, got 'none'")
+        family_params(m.residual)  # the family validates its own parameters
+        return
+    for key in ("width", "depth", "d_in", "n_classes"):
+        if getattr(m, key) <= 0:
+            raise ConfigError(f"model.{key}: must be > 0, got {getattr(m, key)!r}")
+    if m.init_scale <= 0:
+        raise ConfigError(f"model.init_scale: must be > 0, got {m.init_scale!r}")
+
+
+def _check_optim(cfg: WorkloadConfig) -> None:
+    o = cfg.optim
+    validate_assignment(o.manifold.assignment)
+    # Only Muon applies a manifold assignment; with AdamW every assignment trained the same
+    # model, so a sweep over assignments ran identical arms. Refused instead of ignored.
+    if o.name != "muon" and o.manifold.assignment != _DEFAULT_ASSIGNMENT:
+        raise ConfigError(f"optim.manifold.assignment: {o.manifold.assignment!r} needs "
+                          f"optim.name muon (Manifold Muon); optim.name {o.name!r} ignores it")
