@@ -112,7 +112,7 @@ class Submission:
 
 
 def _is_name(ref: str) -> bool:
-    # Mirrors orchestrator.sweep.spec_yaml.load_spec: a bare word that is not an existing file is a name.
+    # Mirrors orchestrator.sweep.spec_yaml.load_spec: a bare word that is not a file is a name.
     return not ("/" in ref or os.sep in ref or ref.endswith((".yaml", ".yml"))
                 or Path(ref).is_file())
 
@@ -223,16 +223,11 @@ def _call(what: str, fn: Callable[[], Any]) -> Any:
 
 def submit(spec_ref: str, address: str, out: str | None = None, mlflow_uri: str | None = None,
            parquet_root: str | None = None, extra_args: Sequence[str] = (),
-           submission_id: str | None = None, validate: bool = True) -> str:
-    """Submit ``geosweep run spec_ref`` as a Ray Job; returns the job (submission) id."""
-    if validate:  # fail here, in one line, not minutes later on the cluster
-        from orchestrator.sweep.spec import SpecError
-        from orchestrator.sweep.spec_yaml import load_spec
+           submission_id: str | None = None) -> str:
+    """Submit ``geosweep run spec_ref`` as a Ray Job; returns the job (submission) id.
 
-        try:
-            load_spec(spec_ref)
-        except SpecError as e:
-            raise JobsError(str(e)) from None
+    The caller validates the spec first (``geosweep submit`` does, in one line, before it
+    connects): this package knows nothing of specs, only of files and command lines."""
     c = client(address)
     sub = build_submission(spec_ref, out, mlflow_uri, parquet_root, extra_args)
     try:

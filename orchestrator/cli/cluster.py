@@ -2,7 +2,7 @@
 
 ``add_cluster_commands(subparsers)`` registers the four subcommands on the ``geosweep`` parser
 (``orchestrator/cli/__init__.py`` calls it). Every user error (unreachable address, refused token,
-unknown job, bad spec) is raised as ``orchestrator.cli.UsageError``: one line, exit code 2.
+unknown job, bad spec) is raised as ``orchestrator.cli.errors.UsageError``: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import os
 import sys
 import time
 
+from orchestrator.cli.checks import load_cli_spec
+from orchestrator.cli.errors import UsageError
+
 __all__ = ["add_cluster_commands", "cmd_submit", "cmd_jobs", "cmd_logs", "cmd_stop"]
 
 _ADDRESS_HELP = "Ray dashboard / Jobs API address, e.g. http://HEAD:8265 (default: $RAY_ADDRESS)"
 
 
 def _usage(e: Exception):
-    from orchestrator.cli import UsageError
-
     return UsageError(str(e))
 
 
@@ -27,8 +28,6 @@ def _address(args: argparse.Namespace) -> str:
     addr = args.address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get(
         "RAY_ADDRESS")
     if not addr:
-        from orchestrator.cli import UsageError
-
         raise UsageError("--address: give the Ray dashboard address, e.g. http://HEAD:8265")
     return addr
 
@@ -37,6 +36,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from cluster import jobs
 
     address = _address(args)
+    load_cli_spec(args.spec)  # a bad spec fails here, in one line, not later on the cluster
     try:
         job_id = jobs.submit(args.spec, address, out=args.out, mlflow_uri=args.mlflow_uri,
                              parquet_root=args.parquet_root,
@@ -141,3 +141,6 @@ def add_cluster_commands(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("job")
     t.add_argument("--address", default=None, help=_ADDRESS_HELP)
     t.set_defaults(fn=cmd_stop)
+
+
+add = add_cluster_commands  # the name orchestrator.cli.COMMANDS calls

@@ -1,8 +1,8 @@
 """``geosweep eval DIR [--trial ID]... [--corpus REF]... [--max-batches N]``.
 
 Scores each selected trial's final checkpoint (orchestrator/store/checkpoints.py) on its own
-held-out split, on every ``--corpus`` (a local .txt/.parquet file, ``wikitext-2``, ``lambada``) and, when
-the Hugging Face hub is reachable and ``--no-hub`` is not given, on WikiText-2 and LAMBADA
+held-out split, on every ``--corpus`` (a local .txt/.parquet file, ``wikitext-2``,
+``lambada``) and, when the Hugging Face hub is reachable and ``--no-hub`` is not given, on WikiText-2 and LAMBADA
 (orchestrator/evaluation/sets.py). Metrics ``eval/<corpus>/{loss,ppl,acc,tokens}``
 (orchestrator/evaluation/scoring.py) go to the trial's MLflow child run and to
 ``<parquet_root>/eval/sweep=S/trial=T.parquet`` (orchestrator/store/eval_table.py); ``geosweep
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.errors import UsageError
 from orchestrator.evaluation.corpora import HUB_SETS, TEXT_COLUMNS, EvalInputError, EvalSkip
 
 __all__ = ["run_eval", "add_eval_command", "cmd_eval", "DEFAULT_MAX_BATCHES"]
@@ -201,8 +202,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
                  device=args.device, no_hub=args.no_hub,
                  printer=lambda s: print(s, flush=True))
     except EvalInputError as e:
-        from orchestrator.cli import UsageError
-
         raise UsageError(str(e)) from None  # one line, exit code 2 (orchestrator.cli.main)
     return 0
 
@@ -226,3 +225,6 @@ def add_eval_command(subparsers: Any) -> argparse.ArgumentParser:
                    help="do not try WikiText-2/LAMBADA unless named with --corpus")
     e.set_defaults(fn=cmd_eval)
     return e
+
+
+add = add_eval_command  # the name orchestrator.cli.COMMANDS calls

@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from orchestrator.cli.checks import DEFAULT_OUT, check_address, check_out_dir, prepare_sweep_folder
+from orchestrator.cli.errors import UsageError
+
 __all__ = ["add_search_p_command", "cmd_search_p", "main"]
 
 DEFAULT_SPEC = "spheret_p_search"
@@ -31,7 +34,6 @@ def _positive(name: str, low: int):
 
 
 def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from orchestrator.cli import DEFAULT_OUT
 
     sp = subparsers.add_parser(
         "search-p", help="find the best p: Optuna + ASHA search, then top-k x seeds confirmation")
@@ -52,7 +54,6 @@ def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def cmd_search_p(args: argparse.Namespace) -> int:
-    from orchestrator.cli import UsageError, _check_address, _check_out_dir, prepare_sweep_folder
     from orchestrator.sweep.search_p import SearchPError, search_p, stage1_spec
     from orchestrator.sweep.spec import SpecError
     from orchestrator.sweep.spec_yaml import load_spec
@@ -64,8 +65,8 @@ def cmd_search_p(args: argparse.Namespace) -> int:
         spec = stage1_spec(load_spec(args.spec), args.sampler)
     except (SpecError, SearchPError) as e:
         raise UsageError(str(e)) from None
-    out = _check_out_dir(args.out)
-    _check_address(args.address)
+    out = check_out_dir(args.out)
+    check_address(args.address)
     prepare_sweep_folder(sweep_paths(spec, out).root, resume=args.resume,
                          overwrite=args.overwrite)
     try:
@@ -80,7 +81,6 @@ def cmd_search_p(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.cli import UsageError
 
     parser = argparse.ArgumentParser(prog="geosweep")
     add_search_p_command(parser.add_subparsers(dest="command", required=True))
@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geosweep: error: {e}", file=sys.stderr)
         return 2
 
+
+add = add_search_p_command  # the name orchestrator.cli.COMMANDS calls
 
 if __name__ == "__main__":
     sys.exit(main())

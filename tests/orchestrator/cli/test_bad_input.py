@@ -272,14 +272,14 @@ def test_bad_input(case: Case, tmp_path: Path, warm):
 def test_existing_folder_flags(flag: str, tmp_path: Path, warm, monkeypatch):
     """The other side of the refusal: --resume keeps the folder and resumes, --overwrite
     empties it first. ``_execute`` (where Ray would start) is replaced by a recorder."""
-    import orchestrator.cli as cli
+    import orchestrator.cli.run as cli
 
     spec, out = tmp_path / "spec.yaml", tmp_path / "out"
     spec.write_text(GOOD)
     (out / "bad").mkdir(parents=True)
     (out / "bad" / "sweep.json").write_text("{}")
     calls = []
-    monkeypatch.setattr(cli, "_execute", lambda s, o, a, resume: calls.append((o, resume)) or 0)
+    monkeypatch.setattr(cli, "execute", lambda s, o, a, resume: calls.append((o, resume)) or 0)
     assert warm(["run", str(spec), "--out", str(out), flag]) == 0
     assert calls == [(out.resolve(), flag == "--resume")]
     assert (out / "bad" / "sweep.json").exists() == (flag == "--resume")

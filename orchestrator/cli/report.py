@@ -1,0 +1,31 @@
+"""`geosweep report DIR`: per-arm tables and figures from the Parquet dataset."""
+
+from __future__ import annotations
+
+import argparse
+
+from orchestrator.cli.checks import sweep_dir
+from orchestrator.cli.errors import UsageError
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    root = sweep_dir(args.dir)
+    from orchestrator.analysis.report import ReportError, write_report
+
+    try:
+        out = write_report(root, baseline=args.baseline, metric=args.metric)
+    except ReportError as e:
+        raise UsageError(str(e)) from None
+    print(out.read_text() if out.suffix == ".md" else out)
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    rp = sub.add_parser("report", help="tables and figures from a sweep's Parquet dataset")
+    rp.add_argument("dir")
+    rp.add_argument("--baseline", default=None, help="arm label to compare against")
+    rp.add_argument("--metric", default="final_val_loss",
+                    help="per-trial value the arm table compares: a trial column "
+                    "(final_val_loss, best_val_loss, val/loss) or eval/<corpus>/<metric> "
+                    "from `geosweep eval`")
+    rp.set_defaults(fn=cmd_report)

@@ -1,0 +1,94 @@
+"""`geosweep run SPEC`: validate, refuse what would fail, then run the sweep on Ray."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from orchestrator.cli.checks import (
+    DEFAULT_OUT,
+    check_address,
+    check_mlflow_uri,
+    check_out_dir,
+    check_spec_corpora,
+    load_cli_spec,
+    prepare_sweep_folder,
+)
+from orchestrator.cli.errors import UsageError
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = load_cli_spec(args.spec, args)
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite are mutually exclusive")
+    check_spec_corpora(spec)
+    if args.dry_run:
+        return _dry_run(spec)
+    out = check_out_dir(args.out)
+    check_mlflow_uri(spec.tracking.mlflow_uri)
+    check_address(args.address)
+    prepare_sweep_folder(out / spec.name, resume=args.resume, overwrite=args.overwrite)
+    return execute(spec, out, args.address, resume=args.resume)
+
+
+def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> int:
+    from orchestrator.sweep.spec import SpecError
+    from orchestrator.sweep.tuner import run_sweep
+
+    print(f"[geosweep] sweep {spec.name!r}: results in {out / spec.name}", flush=True)
+    from cluster.local import RayStartError
+
+    try:
+        result = run_sweep(spec, out, address=address, resume=resume,
+                           printer=lambda s: print(s, flush=True), extend=extend)
+    except RayStartError as e:
+        print(f"geosweep: error: {e}", file=sys.stderr)
+        return 1
+    except SpecError as e:  # an extension that does not apply (checked before Ray starts)
+        raise UsageError(str(e)) from None
+    c = result.counts
+    print(f"[geosweep] finished in {result.wall_s:.0f}s: "
+          + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))
+    if result.best:
+        b = result.best
+        print(f"[geosweep] best trial {b['trial']} ({b.get('arm', '')}): "
+              f"{spec.search.metric} = {b['final_val_loss']:.4f}")
+    p = result.paths
+    print(f"[geosweep] Parquet dataset: {p.parquet_root}")
+    print(f"[geosweep] MLflow store:    {p.mlflow_uri}")
+    print(f"[geosweep] browse:          geosweep ui {p.root}")
+    print(f"[geosweep] tables:          geosweep report {p.root}")
+    return 0
+
+
+def _dry_run(spec) -> int:
+    from orchestrator.sweep.space import count_trials, grid_trials
+    from orchestrator.sweep.trial import resolve_executor, trial_resources
+
+    n = count_trials(spec)
+    ex = resolve_executor(spec.resources)
+    r = spec.resources
+    print(f"sweep {spec.name}: {n} trials, search={spec.search.algorithm}, "
+          f"scheduler={spec.scheduler.type}, max_concurrent={spec.search.max_concurrent}")
+    print(f"executor={ex}, workers/trial={r.workers_per_trial}, cpus/worker={r.cpus_per_worker}, "
+          f"gpus/worker={r.gpus_per_worker}, trial resources={trial_resources(r)}")
+    if spec.search.algorithm == "grid":
+        for i, flat in enumerate(grid_trials(spec)):
+            print(f"  [{i:3d}] " + " ".join(f"{k}={v}" for k, v in flat.items()))
+    else:
+        print(f"  {n} samples drawn by {spec.search.algorithm} over: {', '.join(spec.space)}")
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("run", help="run a sweep spec (a shipped name or a YAML path)")
+    r.add_argument("spec")
+    r.add_argument("--out", default=DEFAULT_OUT, help="parent folder of the sweep folder")
+    r.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
+    r.add_argument("--dry-run", action="store_true", help="print trials and resources only")
+    r.add_argument("--resume", action="store_true", help="continue an existing sweep folder")
+    r.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
+    r.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite)")
+    r.add_argument("--parquet-root", default=None, help="Parquet root (path or fs URI)")
+    r.set_defaults(fn=cmd_run)

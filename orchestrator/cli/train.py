@@ -1,0 +1,59 @@
+"""`geosweep train --preset NAME [--set key=value]...`: one workload, no Ray."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from orchestrator.cli.checks import check_corpora
+from orchestrator.cli.errors import UsageError
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from workloads.config import ConfigError, apply_overrides, parse_value, preset
+    from workloads.validate import validate
+
+    try:
+        cfg = preset(args.preset)
+        overrides = {}
+        for item in args.set or []:
+            if "=" not in item:
+                raise ConfigError(f"--set: expected key=value, got {item!r}")
+            k, v = item.split("=", 1)
+            overrides[k.strip()] = parse_value(v)
+        cfg = validate(apply_overrides(cfg, overrides))
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    check_corpora([cfg.data.corpus], "")
+    from workloads.train import run
+
+    def report(rep) -> None:
+        s = rep.scalars
+        parts = [f"step {rep.step:>6d}", f"train/loss {s.get('train/loss', float('nan')):.4f}"]
+        for k in ("val/loss", "val/acc", "lr"):
+            if k in s:
+                parts.append(f"{k} {s[k]:.4g}")
+        if rep.divergence:
+            parts.append(f"DIVERGED ({rep.divergence.reason} at step {rep.divergence.step})")
+        print(" | ".join(parts), flush=True)
+
+    monitor = None
+    if not args.no_divergence:
+        from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules
+
+        monitor = DivergenceMonitor(DivergenceRules())
+    ckpt = str(Path(args.out) / "checkpoints") if args.out else None
+    res = run(cfg, report=report, monitor=monitor, checkpoint_dir=ckpt, resume=args.resume)
+    print(f"done: {res.steps} steps in {res.train_time_s:.1f}s, final val loss "
+          f"{res.final_val_loss:.4f}, best {res.best_val_loss:.4f}")
+    return 0 if res.divergence is None else 3
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    t = sub.add_parser("train", help="train one workload without Ray")
+    t.add_argument("--preset", required=True)
+    t.add_argument("--set", action="append", metavar="KEY=VALUE")
+    t.add_argument("--out", default=None, help="folder for checkpoints")
+    t.add_argument("--resume", action="store_true")
+    t.add_argument("--no-divergence", action="store_true", help="do not stop on divergence")
+    t.set_defaults(fn=cmd_train)
