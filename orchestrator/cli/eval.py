@@ -1,202 +1,23 @@
-"""``geosweep eval DIR [--trial ID]... [--corpus REF]... [--max-batches N]``.
-
-Scores each selected trial's final checkpoint (orchestrator/store/checkpoints.py) on its own
-held-out split, on every ``--corpus`` (a local .txt/.parquet file, ``wikitext-2``,
-``lambada``) and, when the Hugging Face hub is reachable and ``--no-hub`` is not given, on WikiText-2 and LAMBADA
-(orchestrator/evaluation/sets.py). Metrics ``eval/<corpus>/{loss,ppl,acc,tokens}``
-(orchestrator/evaluation/scoring.py) go to the trial's MLflow child run and to
-``<parquet_root>/eval/sweep=S/trial=T.parquet`` (orchestrator/store/eval_table.py); ``geosweep
-report DIR --metric eval/<corpus>/loss`` then compares arms on them.
-
-Every input is checked before anything is evaluated or written; a bad one is one line, exit 2.
-A trial stopped early by the scheduler (ASHA) is scored on its last checkpoint (its weights
-when it stopped; the step is recorded). Diverged and failed trials are listed and skipped: their
-last checkpoint predates the failure and is not the model the trial ended with.
-"""
+"""``geosweep eval DIR [--trial ID]... [--corpus REF]... [--max-batches N]``: the arguments of
+orchestrator/evaluation/sweep_eval.py (which does the work; its docstring says what is scored
+and where it is written). Every bad input is one line, exit 2."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import time
-from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.errors import UsageError
-from orchestrator.evaluation.corpora import HUB_SETS, TEXT_COLUMNS, EvalInputError, EvalSkip
+from orchestrator.evaluation.corpora import HUB_SETS, TEXT_COLUMNS, EvalInputError
 
-__all__ = ["run_eval", "add_eval_command", "cmd_eval", "DEFAULT_MAX_BATCHES"]
+__all__ = ["add_eval_command", "cmd_eval", "DEFAULT_MAX_BATCHES"]
 
-DEFAULT_MAX_BATCHES = 50
-
-
-def _sweep(root: Path) -> tuple[dict, str, str]:
-    mf = root / "sweep.json"
-    if not mf.exists():
-        raise EvalInputError(f"{root}: not a geosweep sweep folder (no sweep.json)")
-    manifest = json.loads(mf.read_text())
-    proot = str(manifest.get("parquet_root") or root / "parquet")
-    if "://" not in proot and not Path(proot).is_absolute():
-        proot = str(root / proot)
-    return manifest, str(manifest["name"]), proot
-
-
-def _hub_corpora(explicit: list[str], no_hub: bool, printer) -> list[str]:
-    """Hub sets to score: the explicit ones (must be reachable) + the default ones if online."""
-    from workloads.data import hub_offline_reason
-
-    wanted = [c for c in explicit if c in HUB_SETS]
-    if not wanted and no_hub:
-        return []
-    why = hub_offline_reason()
-    if why and wanted:
-        raise EvalInputError(f"--corpus {wanted[0]}: needs the Hugging Face hub, which is "
-                             f"unreachable ({why}); use a local .txt/.parquet file offline")
-    if why:
-        printer(f"[geosweep] {', '.join(HUB_SETS)}: skipped (offline: {why})")
-        return []
-    return wanted or ([] if no_hub else list(HUB_SETS))
-
-
-def _fmt(v: float | None, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v:.{digits}f}" if abs(v) < 1e5 else f"{v:.3g}"
-
-
-def _table(results: list[dict[str, Any]]) -> str:
-    head = f"{'trial':<14} {'step':>7}  {'corpus':<18} {'loss':>8} {'ppl':>10} {'acc':>7} {'n':>8}"
-    lines = [head, "-" * len(head)]
-    for r in results:
-        m = r["metrics"]
-        n = m.get("tokens", m.get("samples"))
-        lines.append(f"{r['trial']:<14} {r['step']:>7d}  {r['corpus']:<18} "
-                     f"{_fmt(m.get('loss')):>8} {_fmt(m.get('ppl'), 2):>10} "
-                     f"{_fmt(m.get('acc'), 3):>7} {int(n) if n is not None else '-':>8}")
-    return "\n".join(lines)
-
-
-def run_eval(sweep_dir: str | Path, trials: list[str] | None = None,
-             corpora: list[str] | None = None, max_batches: int = DEFAULT_MAX_BATCHES,
-             device: str = "auto", no_hub: bool = False, printer=print) -> list[dict[str, Any]]:
-    """Evaluate the sweep's trials; rows ``{trial, corpus, step, metrics, checkpoint}``.
-
-    Raises EvalInputError (one line) for a bad sweep folder, trial id or corpus, before any
-    evaluation or write."""
-    import pandas as pd
-
-    from orchestrator.evaluation.corpora import check_corpus
-    from orchestrator.evaluation.sets import EvalSources
-    from orchestrator.store.checkpoints import final_checkpoint
-    from orchestrator.store.eval_table import eval_rows, log_eval_mlflow, metric_key, write_eval
-    from orchestrator.store.parquet import read_trials
-
-    # --- inputs, all checked first ---------------------------------------------------------
-    root = Path(sweep_dir).expanduser().resolve()
-    manifest, name, proot = _sweep(root)
-    table = read_trials(proot, sweep=name)
-    if table.empty:
-        raise EvalInputError(f"{root}: no trial records for sweep {name!r} in {proot}")
-    known = [str(t) for t in table["trial"]]
-    for t in trials or []:
-        if t not in known:
-            raise EvalInputError(f"--trial: unknown trial {t!r}; trials are: {', '.join(known)}")
-    if max_batches < 1:
-        raise EvalInputError(f"--max-batches: must be >= 1, got {max_batches}")
-    refs = list(dict.fromkeys(corpora or []))
-    for ref in refs:
-        check_corpus(ref)
-    hub = _hub_corpora(refs, no_hub, printer)
-    refs = [r for r in refs if r not in HUB_SETS] + hub
-    from workloads.train import resolve_device
-
-    try:
-        dev = resolve_device(device)
-    except RuntimeError as e:
-        raise EvalInputError(f"--device: {e}") from None
-
-    # --- MLflow (optional: Parquet is always written) ---------------------------------------
-    from orchestrator.store.runs import store_problem, trial_runs
-
-    uri = str(manifest.get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}")
-    client, runs = None, {}
-    why = store_problem(uri)
-    if why:
-        printer(f"[geosweep] not logging to MLflow: {why}")
-    else:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
-        experiment = None
-        if (root / "spec.yaml").exists():
-            from orchestrator.sweep.spec import SpecError
-            from orchestrator.sweep.spec_yaml import load_spec
-
-            try:
-                experiment = load_spec(str(root / "spec.yaml")).tracking.experiment
-            except SpecError:
-                experiment = None
-        runs = trial_runs(client, name, experiment)
-
-    # --- evaluate --------------------------------------------------------------------------
-    from orchestrator.evaluation.scoring import evaluate
-    from orchestrator.store.weights import model_from_checkpoint
-
-    sources = EvalSources(max_batches)
-    results: list[dict[str, Any]] = []
-    selected = table if not trials else table[table["trial"].astype(str).isin(trials)]
-    for _, rec in selected.iterrows():
-        tid, status = str(rec["trial"]), str(rec.get("status"))
-        ckpt = final_checkpoint(root, tid) if status in ("completed", "stopped") else None
-        if ckpt is None:
-            detail = status
-            if status == "diverged" and pd.notna(rec.get("divergence_step")):
-                detail = f"diverged at step {int(rec['divergence_step'])}"
-            printer(f"[geosweep] trial {tid}: {detail}, no final checkpoint: skipped")
-            continue
-        model, cfg, step = model_from_checkpoint(ckpt)
-        model.to(dev)
-        sets = []
-        for ref in [None] + refs:  # None: the trial's own held-out split
-            try:
-                sets.append(sources.own_split(cfg) if ref is None else sources.corpus(ref, cfg))
-            except EvalSkip as e:
-                printer(f"[geosweep] trial {tid}: {ref or 'held-out split'} skipped ({e})")
-        rows, logged = [], {}
-        at = time.time()
-        for es in sets:
-            metrics = evaluate(model, es, dev)
-            rows += eval_rows(tid, es.key, metrics, step, str(ckpt), at)
-            logged.update({metric_key(es.key, k): v for k, v in metrics.items()})
-            results.append({"trial": tid, "corpus": es.key, "step": step, "metrics": metrics,
-                            "checkpoint": str(ckpt), "source": es.source})
-        if not rows:
-            continue
-        write_eval(proot, name, tid, rows)
-        if client is not None and tid in runs:
-            try:
-                log_eval_mlflow(client, runs[tid], logged, step)
-            except Exception as e:  # noqa: BLE001 - the Parquet rows are written already
-                printer(f"[geosweep] trial {tid}: not logged to MLflow ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''})")
-        elif client is not None:
-            printer(f"[geosweep] trial {tid}: no MLflow child run found: Parquet only")
-        del model
-
-    if results:
-        printer(_table(results))
-        key = metric_key(results[0]["corpus"], "loss")
-        printer(f"[geosweep] eval rows: {proot}/eval/sweep={name}/; compare arms with "
-                f"`geosweep report {root} --metric {key}`")
-    else:
-        printer("[geosweep] no trial with a final checkpoint was evaluated")
-    return results
+DEFAULT_MAX_BATCHES = 50  # as orchestrator.evaluation.sweep_eval (not imported: --help stays fast)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from orchestrator.evaluation.sweep_eval import run_eval
+
     try:
         run_eval(args.dir, trials=args.trial, corpora=args.corpus, max_batches=args.max_batches,
                  device=args.device, no_hub=args.no_hub,

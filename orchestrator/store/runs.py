@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["sweep_tracking_uri", "store_problem", "trial_runs"]
+__all__ = ["sweep_tracking_uri", "store_problem", "trial_runs", "sweep_runs",
+           "log_report"]
 
 _MAX_RUNS = 50000  # the SQL store's search_runs page limit
 
@@ -54,3 +55,44 @@ def trial_runs(client: Any, sweep: str, experiment: str | None = None) -> dict[s
         if tid and r.data.tags.get("geosweep.role", "child") == "child":
             out[tid] = r.info.run_id
     return out
+
+
+def sweep_runs(root: Path, manifest: dict[str, Any], name: str, experiment: str | None = None,
+               printer=print) -> tuple[Any, dict[str, str]]:
+    """(an MlflowClient on the sweep's store, trial id -> child run id), or (None, {}) with a
+    printed reason when the store cannot be used."""
+    uri = str(manifest.get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}")
+    why = store_problem(uri)
+    if why:
+        printer(f"[geosweep] not logging to MLflow: {why}")
+        return None, {}
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    return client, trial_runs(client, name, experiment)
+
+
+def log_report(uri: str | None, sweep: str, folder: Path) -> str:
+    """Log ``folder`` as artifacts ``report/`` of the sweep's parent run; one-line outcome."""
+    if not uri:
+        return "not logged: the sweep has no mlflow_uri"
+    why = store_problem(str(uri))
+    if why:
+        return f"not logged: {why}"
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=str(uri))
+    query = f"tags.`geosweep.sweep` = '{sweep}'"
+    exp = client.get_experiment_by_name(sweep)
+    ids = [exp.experiment_id] if exp else []
+    runs = client.search_runs(ids, query) if ids else []
+    if not runs:  # experiment named otherwise (tracking.experiment): look everywhere
+        ids = [e.experiment_id for e in client.search_experiments()]
+        runs = client.search_runs(ids, query) if ids else []
+    parents = [r for r in runs if r.data.tags.get("geosweep.role") == "parent"] or [
+        r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    if not parents:
+        return (f"not logged: no parent run tagged geosweep.sweep={sweep!r} in {uri}")
+    run = max(parents, key=lambda r: r.info.start_time or 0)
+    client.log_artifacts(run.info.run_id, str(folder), artifact_path="report")
+    return f"tables and figures logged to MLflow run {run.info.run_id} (artifacts report/)"

@@ -3,7 +3,6 @@ pyarrow in the contract's layout (docs/contracts.md), checked against scipy and 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -15,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats as st
 
+from orchestrator.analysis import load as L
 from orchestrator.analysis import report as A
 
 pytestmark = pytest.mark.timeout(180)  # the first test also builds the report and MLflow store
@@ -178,8 +178,8 @@ def test_load_sweep_reads_all_tables(sweep):
 def test_fallback_reader_matches_sink_reader(sweep):
     pq_root = str(sweep["root"] / "parquet")
     for kind in ("trials", "curves", "metrics"):
-        ours = A._fallback_read(pq_root, kind, SWEEP)
-        theirs = A._read(pq_root, kind, SWEEP)
+        ours = L._fallback_read(pq_root, kind, SWEEP)
+        theirs = L._read(pq_root, kind, SWEEP)
         key = ["trial"] if kind == "trials" else ["trial", "step", "metric"] + (
             ["split"] if kind == "curves" else ["module", "layer"])
         a = ours.sort_values(key).reset_index(drop=True)
@@ -189,7 +189,7 @@ def test_fallback_reader_matches_sink_reader(sweep):
                                                    else "value"]).to_numpy(dtype=float),
                                    pd.to_numeric(b["final_val_loss" if kind == "trials"
                                                    else "value"]).to_numpy(dtype=float))
-    assert A._fallback_read(pq_root, "curves", "other_sweep").empty
+    assert L._fallback_read(pq_root, "curves", "other_sweep").empty
 
 
 # --- the arm table ----------------------------------------------------------------------------
@@ -347,10 +347,12 @@ def test_report_logged_to_mlflow_parent(sweep):
 
 
 def test_mlflow_without_parent_run_is_one_line(sweep, tmp_path):
+    from orchestrator.store.runs import log_report
+
     data = sweep["data"]
-    note = A._log_to_mlflow(dataclasses.replace(data, name="other"), tmp_path)
+    note = log_report(data.manifest["mlflow_uri"], "other", tmp_path)
     assert note == f"not logged: no parent run tagged geosweep.sweep='other' in {sweep['uri']}"
     absent = f"sqlite:///{tmp_path / 'absent.db'}"
-    gone = dataclasses.replace(data, manifest={**data.manifest, "mlflow_uri": absent})
-    assert A._log_to_mlflow(gone, tmp_path) == f"not logged: MLflow store {absent} does not exist"
+    assert log_report(absent, data.name, tmp_path) == \
+        f"not logged: MLflow store {absent} does not exist"
     assert not (tmp_path / "absent.db").exists()  # no empty store created as a side effect

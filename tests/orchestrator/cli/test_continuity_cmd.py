@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from orchestrator.cli.continuity import add_continuity_command, summary_table
+from orchestrator.analysis.continuity import summary_table
+from orchestrator.cli.continuity import add_continuity_command
 from orchestrator.cli.errors import UsageError
 
 torch.set_num_threads(1)

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from fake_sweep import make_sweep  # the Ray-free sweep folder builder
 
 from orchestrator.cli import main
-from orchestrator.cli.eval import run_eval
 from orchestrator.evaluation.corpora import EvalInputError, EvalSkip
 from orchestrator.evaluation.scoring import EvalSet, evaluate
 from orchestrator.evaluation.sets import EvalSources, lambada_batches, windows
+from orchestrator.evaluation.sweep_eval import run_eval
 from orchestrator.store.eval_table import read_eval
 from orchestrator.store.weights import model_from_checkpoint
 

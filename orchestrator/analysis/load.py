@@ -1,0 +1,180 @@
+"""A sweep's Parquet dataset as pandas (``load_sweep``), the report's settings
+(``ReportConfig``) and the per-trial values arms are compared on (``with_metric``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.analysis.stats import (
+    spike_count,
+)
+
+TERMINAL = ("completed", "diverged")
+
+
+class ReportError(ValueError):
+    """A user-facing problem with the report's input: one line."""
+
+
+@dataclass
+class ReportConfig:
+    """What the report computes; metric names are fnmatch patterns over the ``metric`` column."""
+
+    conf: float = 0.95
+    # the per-trial value compared between arms (mean, CI, paired diff): a trial column or an
+    # eval metric ``eval/<corpus>/<metric>`` of `geosweep eval` (orchestrator/store/eval_table.py)
+    metric: str = "final_val_loss"
+    spike_factor: float = 1.5  # below the divergence rule's 4x-best: spikes the run survived
+    spike_min_delta: float = 0.1  # as DivergenceRules.loss_min_delta: 0.01 -> 0.02 is noise
+    band: str = "minmax"  # seed band of curves: minmax | std
+    p_column: str = "model.residual.p"
+    # M1 continuity of weights and of the cumulative gradient (workloads/metrics/collect.py)
+    heatmap_metrics: tuple[str, ...] = ("w.top1_v", "w.top1_u", "cg.top1_v", "cg.top1_u")
+    # growth panels: title -> (metric patterns, module patterns); reduced by max over layers
+    growth: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=lambda: {
+        "sigma_max(W_Q)": (("w.sigma_max", "inst.sigma_max_q", "inst_sigma_max_q"),
+                           ("q", "*_q", "")),
+        "max attention logit": (("inst.max_logit", "inst_max_logit"), ("*",)),
+    })
+    max_heatmap_arms: int = 12
+    min_gap: float = 1.05  # s1/s2 below this: top-1 singular vectors ill-defined (M2)
+
+
+@dataclass
+class SweepData:
+    name: str
+    root: Path
+    parquet_root: str
+    manifest: dict
+    trials: pd.DataFrame  # one row per trial; ``trial`` (str), ``arm``, ``seed``, ``status``
+    curves: pd.DataFrame  # step, split, metric, value, wall_time, trial
+    metrics: pd.DataFrame  # step, metric, module, layer, next_layer, value, trial
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def _fallback_read(root: str, kind: str, sweep: str | None) -> pd.DataFrame:
+    """Hive-partitioned read without the sink (files starting with _ or . are ignored)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
+    fs, base = pafs.FileSystem.from_uri(root if "://" in root else str(Path(root).resolve()))
+    folder = f"{base.rstrip('/')}/{kind}"
+    if fs.get_file_info(folder).type != pafs.FileType.Directory:
+        return pd.DataFrame()
+    names = [("sweep", pa.string())] + ([] if kind == "trials" else [("trial", pa.string())])
+    part = ds.partitioning(pa.schema(names), flavor="hive")
+    dset = ds.dataset(folder, format="parquet", filesystem=fs, partitioning=part)
+    phys = [f.physical_schema for f in dset.get_fragments()]
+    if not phys:
+        return pd.DataFrame()
+    # trial files have different param columns (conditional params): unify their schemas
+    schema = pa.unify_schemas(phys + [pa.schema(names)], promote_options="permissive")
+    dset = ds.dataset(folder, format="parquet", filesystem=fs, partitioning=part, schema=schema)
+    filt = None if sweep is None else ds.field("sweep") == sweep
+    return dset.to_table(filter=filt).to_pandas()
+
+
+def _read(root: str, kind: str, sweep: str) -> pd.DataFrame:
+    try:
+        from orchestrator.store import parquet as sink
+    except ImportError:
+        return _fallback_read(root, kind, sweep)
+    return getattr(sink, f"read_{kind}")(root, sweep=sweep)
+
+
+def _normalise_trials(t: pd.DataFrame) -> pd.DataFrame:
+    t = t.copy()
+    if "trial" not in t.columns and "trial_id" in t.columns:
+        t = t.rename(columns={"trial_id": "trial"})
+    if "seed" not in t.columns:
+        t["seed"] = t["train.seed"] if "train.seed" in t.columns else 0
+    for col in ("arm", "status", "divergence_reason"):
+        if col not in t.columns:
+            t[col] = None
+    t["arm"] = t["arm"].fillna("base").astype(str)
+    t["status"] = t["status"].fillna("unknown").astype(str)
+    for col in ("final_val_loss", "best_val_loss", "final_train_loss", "divergence_step"):
+        t[col] = pd.to_numeric(t[col], errors="coerce") if col in t.columns else np.nan
+    t["trial"] = t["trial"].astype(str)
+    return t.sort_values("trial", kind="stable").reset_index(drop=True)
+
+
+def _normalise_rows(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        return df
+    df = df.copy()
+    if "trial" not in df.columns and "trial_id" in df.columns:
+        df = df.rename(columns={"trial_id": "trial"})
+    df["trial"] = df["trial"].astype(str)
+    df["value"] = pd.to_numeric(df["value"], errors="coerce").replace([np.inf, -np.inf], np.nan)
+    return df
+
+
+def load_sweep(root: str | Path) -> SweepData:
+    """The sweep folder's manifest and its trials, curves and metric rows."""
+    root = Path(root).expanduser().resolve()
+    mf = root / "sweep.json"
+    if not mf.exists():
+        raise ReportError(f"{root}: not a geosweep sweep folder (no sweep.json)")
+    manifest = json.loads(mf.read_text())
+    name = str(manifest["name"])
+    proot = str(manifest.get("parquet_root") or root / "parquet")
+    if "://" not in proot and not Path(proot).is_absolute():
+        proot = str(root / proot)
+    trials = _read(proot, "trials", name)
+    if trials.empty:
+        raise ReportError(f"parquet_root {proot}: no trial records for sweep {name!r}")
+    curves = _normalise_rows(_read(proot, "curves", name))
+    metrics = _normalise_rows(_read(proot, "metrics", name))
+    return SweepData(name, root, proot, manifest, _normalise_trials(trials), curves, metrics)
+
+
+def arm_order(trials: pd.DataFrame) -> list[str]:
+    """Arms in order of their first trial (the grid's order)."""
+    return list(dict.fromkeys(trials["arm"]))
+
+
+def resolve_baseline(arms: list[str], baseline: str | None) -> str:
+    """``baseline`` if given (must be an arm), else the first arm naming pre_ln/unconstrained,
+    else the first arm."""
+    if baseline is not None:
+        if baseline not in arms:
+            raise ReportError(f"--baseline: unknown arm {baseline!r}; arms are: "
+                              + "; ".join(arms))
+        return baseline
+    for arm in arms:
+        if "pre_ln" in arm or "unconstrained" in arm:
+            return arm
+    return arms[0]
+
+
+def trial_spikes(data: SweepData, cfg: ReportConfig) -> pd.Series:
+    """Loss-spike episodes of each trial's train loss curve (trial -> count)."""
+    c = data.curves
+    if c.empty:
+        return pd.Series(dtype=float)
+    c = c[(c["split"] == "train") & (c["metric"] == "loss")].sort_values("step")
+    return c.groupby("trial")["value"].apply(
+        lambda v: spike_count(v.fillna(np.inf), cfg.spike_factor, cfg.spike_min_delta))
+
+
+def _by_seed(g: pd.DataFrame, col: str) -> pd.Series:
+    return g.groupby("seed")[col].mean()
+
+
+def with_metric(data: SweepData, metric: str) -> pd.DataFrame:
+    """The trials with a numeric ``metric`` column (read from the eval Parquet if needed)."""
+    from orchestrator.store.eval_table import attach_metric
+
+    try:
+        return attach_metric(data.trials, data.parquet_root, data.name, metric)
+    except ValueError as e:
+        raise ReportError(str(e)) from None

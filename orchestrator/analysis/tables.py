@@ -1,0 +1,179 @@
+"""Per-arm tables (mean and t-interval over seeds, paired differences with Holm, Wilson
+divergence rates) and per-module metric tables, plus their markdown rendering."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.analysis.load import (
+    TERMINAL,
+    ReportConfig,
+    SweepData,
+    _by_seed,
+    arm_order,
+    resolve_baseline,
+    trial_spikes,
+    with_metric,
+)
+from orchestrator.analysis.stats import (
+    holm,
+    paired_difference,
+    t_interval,
+    wilson_interval,
+)
+
+
+def arm_table(data: SweepData, baseline: str | None = None,
+              config: ReportConfig | None = None) -> pd.DataFrame:
+    """One row per arm. Losses over completed trials; ``metric_*`` = ``cfg.metric`` (default
+    final val loss); ``diff_*`` = arm - baseline ``cfg.metric`` paired by seed; ``p_holm``
+    adjusted over the non-baseline arms; ``div_*`` over completed + diverged trials
+    (failed/running trials are infrastructure, not outcomes)."""
+    cfg = config or ReportConfig()
+    t = with_metric(data, cfg.metric)
+    arms = arm_order(t)
+    base = resolve_baseline(arms, baseline)
+    spikes = trial_spikes(data, cfg)
+    base_done = t[(t["arm"] == base) & (t["status"] == "completed")]
+    rows = []
+    for arm in arms:
+        g = t[t["arm"] == arm]
+        done = g[g["status"] == "completed"]
+        n_div = int((g["status"] == "diverged").sum())
+        n_term = int(g["status"].isin(TERMINAL).sum())
+        fm, flo, fhi = t_interval(done["final_val_loss"], cfg.conf)
+        bm, blo, bhi = t_interval(done["best_val_loss"], cfg.conf)
+        rate, rlo, rhi = wilson_interval(n_div, n_term, cfg.conf)
+        mm, mlo, mhi = t_interval(done[cfg.metric], cfg.conf)
+        pr = paired_difference(_by_seed(done, cfg.metric),
+                               _by_seed(base_done, cfg.metric), cfg.conf)
+        sp = spikes.reindex(g["trial"]).dropna()
+        div_steps = g.loc[g["status"] == "diverged", "divergence_step"].dropna()
+        rows.append({
+            "arm": arm, "baseline": arm == base, "n_seeds": int(g["seed"].nunique()),
+            "n_trials": len(g), "n_completed": len(done), "n_diverged": n_div,
+            "n_failed": int((g["status"] == "failed").sum()),
+            "final_val_mean": fm, "final_val_lo": flo, "final_val_hi": fhi,
+            "best_val_mean": bm, "best_val_lo": blo, "best_val_hi": bhi,
+            "metric": cfg.metric, "metric_mean": mm, "metric_lo": mlo, "metric_hi": mhi,
+            "diff_n": pr.n if arm != base else 0,
+            "diff_mean": pr.mean if arm != base else np.nan,
+            "diff_lo": pr.lo if arm != base else np.nan,
+            "diff_hi": pr.hi if arm != base else np.nan,
+            "p_value": pr.p if arm != base else np.nan,
+            "div_rate": rate, "div_lo": rlo, "div_hi": rhi,
+            "median_div_step": float(div_steps.median()) if len(div_steps) else np.nan,
+            "spikes_per_trial": float(sp.mean()) if len(sp) else np.nan,
+            "spikes_total": int(sp.sum()) if len(sp) else 0,
+        })
+    out = pd.DataFrame(rows)
+    out["p_holm"] = holm(out["p_value"].tolist())
+    return out
+
+
+def _match(values: pd.Series, patterns: tuple[str, ...]) -> pd.Series:
+    return values.map(lambda v: any(fnmatch.fnmatchcase(str(v), p) for p in patterns))
+
+
+def metric_table(data: SweepData, patterns: tuple[str, ...],
+                 config: ReportConfig | None = None) -> pd.DataFrame:
+    """Per arm, metric and module: each completed trial's last-step value averaged over layers,
+    then mean and t-interval over the trials (seeds) of the arm. Diverged trials stop at
+    different steps, so their last values are not comparable (the growth figure shows them)."""
+    cfg = config or ReportConfig()
+    m = data.metrics
+    done = data.trials.loc[data.trials["status"] == "completed", "trial"]
+    m = m[m["trial"].isin(done)] if not m.empty else m
+    cols = ["arm", "metric", "module", "step", "n", "mean", "lo", "hi"]
+    if m.empty:
+        return pd.DataFrame(columns=cols + ["small_gap"])
+    m = m[_match(m["metric"], patterns)]
+    if m.empty:
+        return pd.DataFrame(columns=cols + ["small_gap"])
+    last = m.groupby(["trial", "metric"])["step"].transform("max")
+    m = m[m["step"] == last]
+    per = m.groupby(["trial", "metric", "module"], as_index=False).agg(
+        value=("value", "mean"), step=("step", "max"))
+    per = per.merge(data.trials[["trial", "arm"]], on="trial")
+    gap = _small_gap_share(data.metrics, done, cfg.min_gap)
+    rows = []
+    for (arm, metric, module), g in per.groupby(["arm", "metric", "module"], sort=False):
+        mean, lo, hi = t_interval(g["value"], cfg.conf)
+        share = float("nan")
+        if metric.startswith("w.top1_"):
+            share = float(np.nanmean([gap.get((t, module), np.nan) for t in g["trial"]]
+                                     or [np.nan]))
+        rows.append([arm, metric, module, int(g["step"].max()), len(g), mean, lo, hi, share])
+    out = pd.DataFrame(rows, columns=cols + ["small_gap"])
+    order = {a: i for i, a in enumerate(arm_order(data.trials))}
+    return out.sort_values(["metric", "module", "arm"], key=lambda s: s.map(order)
+                           if s.name == "arm" else s, kind="stable").reset_index(drop=True)
+
+
+def _small_gap_share(metrics: pd.DataFrame, trials: pd.Series,
+                     min_gap: float) -> dict[tuple[str, str], float]:
+    """(trial, module) -> share of its matrices whose last logged s1/s2 is below ``min_gap``.
+
+    SCIENCE.md M2: with s1/s2 < 1.05 the top singular vector is ill-defined (a Stiefel matrix
+    has s1/s2 = 1 exactly), so its top-1 continuity says nothing; read the top-k subspace."""
+    if metrics.empty:
+        return {}
+    g = metrics[(metrics["metric"] == "w.s1_s2") & metrics["trial"].isin(trials)]
+    if g.empty:
+        return {}
+    g = g[g["step"] == g.groupby("trial")["step"].transform("max")]
+    share = (g["value"] < min_gap).groupby([g["trial"], g["module"]]).mean()
+    return {k: float(v) for k, v in share.items()}
+
+
+# --- markdown ------------------------------------------------------------------------------
+
+
+def _fmt(v, digits: int = 4) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else ""
+    if isinstance(v, (float, np.floating)):
+        return f"{v:.{digits}g}"
+    return str(v).replace("|", "\\|")
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "(none)\n"
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *body]) + "\n"
+
+
+def _ci(m: float, lo: float, hi: float) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:.4g}" if math.isnan(lo) else f"{m:.4g} [{lo:.4g}, {hi:.4g}]"
+
+
+def _arms_md(arms: pd.DataFrame) -> pd.DataFrame:
+    r = arms
+
+    def ci(key: str) -> list[str]:
+        return [_ci(*x) for x in zip(r[f"{key}_mean"], r[f"{key}_lo"], r[f"{key}_hi"])]
+
+    return pd.DataFrame({
+        "arm": r["arm"] + np.where(r["baseline"], " (baseline)", ""),
+        "seeds": r["n_seeds"],
+        "done/div/fail": [f"{a}/{b}/{c}" for a, b, c in
+                          zip(r["n_completed"], r["n_diverged"], r["n_failed"])],
+        "final val loss": ci("final_val"), "best val loss": ci("best_val"),
+        **({} if r["metric"].iloc[0] == "final_val_loss" else {r["metric"].iloc[0]: ci("metric")}),
+        "diff vs baseline": ci("diff"),
+        "p (Holm)": [f"{_fmt(p, 3)} ({_fmt(q, 3)})" if not math.isnan(p) else "-"
+                     for p, q in zip(r["p_value"], r["p_holm"])],
+        "divergence rate": [_ci(*x) for x in zip(r["div_rate"], r["div_lo"], r["div_hi"])],
+        "median div step": r["median_div_step"], "spikes/trial": r["spikes_per_trial"],
+    })
