@@ -13,6 +13,7 @@ import pandas as pd
 from orchestrator.analysis.stats import (
     spike_count,
 )
+from orchestrator.sweep.params import P_KEY
 
 TERMINAL = ("completed", "diverged")
 
@@ -32,7 +33,7 @@ class ReportConfig:
     spike_factor: float = 1.5  # below the divergence rule's 4x-best: spikes the run survived
     spike_min_delta: float = 0.1  # as DivergenceRules.loss_min_delta: 0.01 -> 0.02 is noise
     band: str = "minmax"  # seed band of curves: minmax | std
-    p_column: str = "model.residual.p"
+    p_column: str = P_KEY
     # M1 continuity of weights and of the cumulative gradient (workloads/metrics/collect.py)
     heatmap_metrics: tuple[str, ...] = ("w.top1_v", "w.top1_u", "cg.top1_v", "cg.top1_u")
     # growth panels: title -> (metric patterns, module patterns); reduced by max over layers

@@ -54,10 +54,10 @@ def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def cmd_search_p(args: argparse.Namespace) -> int:
+    from orchestrator.store.layout import sweep_paths
     from orchestrator.sweep.search_p import SearchPError, search_p, stage1_spec
     from orchestrator.sweep.spec import SpecError
     from orchestrator.sweep.spec_yaml import load_spec
-    from orchestrator.sweep.tuner import sweep_paths
 
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite are mutually exclusive")

@@ -45,6 +45,7 @@ from ray.tune import Callback
 
 from orchestrator.store.mlflow import TAG, MlflowSink
 from orchestrator.store.parquet import ParquetSink
+from orchestrator.sweep.params import P_KEY
 from orchestrator.sweep.space import flat_from_tune_config
 
 __all__ = ["SinkCallback", "FINAL_STATUSES"]
@@ -52,7 +53,6 @@ __all__ = ["SinkCallback", "FINAL_STATUSES"]
 log = logging.getLogger(__name__)
 
 FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
-_P_KEY = "model.residual.p"
 _SEED_KEY = "train.seed"
 
 
@@ -328,7 +328,7 @@ class SinkCallback(Callback):
     # --- MLflow tags ----------------------------------------------------------------------
     def _tags(self, rec: dict) -> dict[str, Any]:
         tags = {f"{TAG}status": rec["status"], f"{TAG}arm": rec.get("arm"),
-                f"{TAG}seed": rec.get("seed"), f"{TAG}p": rec["params"].get(_P_KEY),
+                f"{TAG}seed": rec.get("seed"), f"{TAG}p": rec["params"].get(P_KEY),
                 f"{TAG}node": rec.get("node"), f"{TAG}retries": rec.get("retries")}
         if rec.get("divergence_reason"):
             tags[f"{TAG}divergence.reason"] = rec["divergence_reason"]

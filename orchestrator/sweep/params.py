@@ -17,10 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workloads.config import parse_p
 
-__all__ = ["Param", "KINDS", "P_KEY", "expand", "holds", "strict", "scalar", "ident", "fmt"]
+__all__ = ["Param", "KINDS", "P_KEY", "SEED_KEY", "expand", "holds", "strict", "scalar", "ident",
+           "fmt", "arm_label"]
 
 KINDS = ("grid", "choice", "uniform", "loguniform", "int")
 P_KEY = "model.residual.p"
+SEED_KEY = "train.seed"
 
 
 def strict() -> ConfigDict:
@@ -166,3 +168,11 @@ def expand(space: Mapping[str, Param], values_of: Callable[[Param], list[Any]],
                 seen.add(sig)
                 out.append(trial)
     return out
+
+
+def arm_label(flat: Mapping[str, Any], space_keys: list[str]) -> str:
+    """``key=value`` pairs without the seed, space keys first in space order; ``base`` when
+    empty. A plain function of plain values, so a trial computes it without the spec."""
+    order = [k for k in space_keys if k in flat]
+    order += sorted(k for k in flat if k not in space_keys and k != SEED_KEY)
+    return ",".join(f"{k}={fmt(flat[k])}" for k in order) or "base"

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from orchestrator.analysis.stats import t_interval
+from orchestrator.sweep.params import P_KEY
 from orchestrator.sweep.space import PREFIX, SPECIAL, flat_from_tune_config
 from orchestrator.sweep.spec import SpecError, SweepSpec
 from orchestrator.sweep.spec_yaml import spec_from_dict
@@ -45,7 +46,6 @@ __all__ = ["P_KEY", "LR_KEY", "SAMPLERS", "SearchPError", "SearchPResult", "sear
            "summarize", "param_importances", "divergence_map", "render_markdown",
            "storage_url", "trial_steps"]
 
-P_KEY = "model.residual.p"
 LR_KEY = "optim.lr"
 SAMPLERS = {"tpe": "optuna-tpe", "gp": "optuna-gp"}
 MIN_IMPORTANCE_TRIALS = 3
@@ -361,7 +361,8 @@ def _jsonable(v: Any) -> Any:
 def _run_stage1(spec: SweepSpec, out: Path, address: str | None, resume: bool,
                 printer: Callable[[str], None], storage: str) -> Any:
     """``run_sweep`` of stage 1; its Optuna study lives in ``<sweep dir>/optuna.db``."""
-    from orchestrator.sweep.tuner import run_sweep, sweep_paths
+    from orchestrator.store.layout import sweep_paths
+    from orchestrator.sweep.tuner import run_sweep
 
     assert storage == storage_url(sweep_paths(spec, out).root), storage
     return run_sweep(spec, out, address=address, resume=resume, printer=printer)
@@ -389,7 +390,8 @@ def search_p(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     """
     import optuna
 
-    from orchestrator.sweep.tuner import run_sweep, sweep_paths
+    from orchestrator.store.layout import sweep_paths
+    from orchestrator.sweep.tuner import run_sweep
 
     if top_k < 1:
         raise SearchPError(f"top_k: must be >= 1, got {top_k}")

@@ -25,13 +25,14 @@ from pydantic import (
 )
 
 from orchestrator.sweep.divergence import DivergenceRules
-from orchestrator.sweep.params import P_KEY, Param, expand, fmt, ident, strict
+from orchestrator.sweep.params import P_KEY, Param, arm_label, expand, fmt, ident, strict
 from workloads.config import (
     PRESETS,
     ConfigError,
     WorkloadConfig,
     apply_overrides,
     flatten,
+    to_dict,
 )
 from workloads.validate import validate
 
@@ -362,11 +363,16 @@ class SweepSpec(BaseModel):
         except ConfigError as e:
             raise SpecError(f"trial {self.arm_label(flat_overrides)}: {e}") from None
 
+    def trial_plan(self) -> dict[str, Any]:
+        """What every trial needs, as plain values (JSON), resolved and validated here on the
+        driver once: a trial composes its config from it without rebuilding the spec."""
+        return {"base": to_dict(self.base_config()), "space_keys": list(self.space),
+                "rules": self.divergence.model_dump(), "metric": self.search.metric,
+                "resources": self.resources.model_dump()}
+
     def arm_label(self, flat: dict[str, Any]) -> str:
         """``key=value`` pairs without the seed, in space order; ``base`` when empty."""
-        order = [k for k in self.space if k in flat]
-        order += sorted(k for k in flat if k not in self.space and k != "train.seed")
-        return ",".join(f"{k}={fmt(flat[k])}" for k in order) or "base"
+        return arm_label(flat, list(self.space))
 
     def to_yaml(self) -> str:
         """The resolved spec as YAML (``inf`` as ``.inf``); ``load`` of it gives this spec."""

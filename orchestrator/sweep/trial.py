@@ -10,6 +10,7 @@ Two executors, chosen per spec (``resources.executor``):
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from orchestrator.sweep.worker import train_worker
@@ -38,9 +39,11 @@ def trial_resources(resources: Any) -> dict[str, float]:
     return {"CPU": 0.01}
 
 
-def trial_driver(config: dict[str, Any], spec_dict: dict[str, Any], storage: str,
+def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
                  finished: frozenset[str] = frozenset()) -> None:
-    """``finished``: trials a resumed driver found finished in Parquet. Tune's experiment
+    """``plan``: ``SweepSpec.trial_plan()``, plain values the driver resolved and validated once
+    (the base config, the space's key order, the divergence rules, the metric, resources).
+    ``finished``: trials a resumed driver found finished in Parquet. Tune's experiment
     snapshot may predate them (it is saved every ~10 s), so it restarts them; they return at
     once, without training or reporting, and keep their recorded outcome."""
     import ray.tune
@@ -48,22 +51,23 @@ def trial_driver(config: dict[str, Any], spec_dict: dict[str, Any], storage: str
     if ray.tune.get_context().get_trial_id() in finished:
         return
 
+    from orchestrator.sweep.params import arm_label
     from orchestrator.sweep.space import flat_from_tune_config
-    from orchestrator.sweep.spec import SweepSpec
-    from workloads.config import to_dict
+    from workloads.config import apply_overrides, from_dict, to_dict
 
-    spec = SweepSpec.model_validate(spec_dict)
     flat = flat_from_tune_config(config)
-    cfg = spec.trial_config(flat)
-    seed = cfg.train.seed
-    executor = resolve_executor(spec.resources)
+    # The values were checked on the driver (every candidate and corner combination of the
+    # space against the workload); here they are only applied.
+    cfg = apply_overrides(from_dict(plan["base"]), flat)
+    r = SimpleNamespace(**plan["resources"])
+    executor = resolve_executor(r)
     loop_config = {
         "workload": to_dict(cfg),
-        "rules": spec.divergence.model_dump(),
-        "metric": spec.search.metric,
+        "rules": plan["rules"],
+        "metric": plan["metric"],
         "params": {k: _plain(v) for k, v in flat.items()},
-        "arm": spec.arm_label(flat),
-        "seed": seed,
+        "arm": arm_label(flat, plan["space_keys"]),
+        "seed": cfg.train.seed,
         "mode": executor,
     }
     if executor == "in_trial":
@@ -74,7 +78,6 @@ def trial_driver(config: dict[str, Any], spec_dict: dict[str, Any], storage: str
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    r = spec.resources
     per_worker = {"CPU": float(r.cpus_per_worker), **{k: float(v) for k, v in r.custom.items()}}
     if r.gpus_per_worker:
         per_worker["GPU"] = float(r.gpus_per_worker)
@@ -90,7 +93,7 @@ def trial_driver(config: dict[str, Any], spec_dict: dict[str, Any], storage: str
             name=f"train-{trial_id}",  # unique per Tune trial, never random (PLATFORM.md)
             storage_path=storage,
             callbacks=[TuneReportCallback()],
-            failure_config=ray.train.FailureConfig(max_failures=spec.resources.max_failures),
+            failure_config=ray.train.FailureConfig(max_failures=r.max_failures),
         ),
     )
     trainer.fit()

@@ -1,10 +1,8 @@
 """[3] The sweep: a Tune ``Tuner`` over the trial driver, with our sinks as callbacks.
 
-Layout of a sweep folder (``<out>/<name>/``): ``spec.yaml``, ``mlflow.db`` + ``mlartifacts/``
-(default MLflow store), ``parquet/`` (default dataset root), ``ray/`` (Tune/Train storage,
-checkpoints; ``ray/tune`` the first Tune experiment, ``ray/tune-<k>`` + ``ray/tune-<k>.json``
-the extensions: orchestrator/sweep/experiments.py), ``optuna.db`` (the Optuna study, for Optuna
-searches), ``sweep.json`` (what was run, for ``status``/``resume``).
+The sweep folder's layout is orchestrator/store/layout.py; which Tune experiment runs (the
+first, the last one again on resume, or a new one that extends a finished sweep) is
+orchestrator/sweep/experiments.py; ``run_sweep`` puts them together.
 """
 
 from __future__ import annotations
@@ -14,32 +12,14 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from orchestrator.store.layout import SweepPaths, sweep_paths
 from orchestrator.sweep.experiments import Extension
+from orchestrator.sweep.progress import make_progress
 from orchestrator.sweep.spec import SweepSpec
 
 __all__ = ["SweepPaths", "SweepResult", "sweep_paths", "run_sweep", "make_progress", "Extension"]
-
-
-@dataclass
-class SweepPaths:
-    root: Path
-    spec: Path
-    mlflow_uri: str
-    artifacts: Path
-    parquet_root: str
-    ray_storage: Path
-    manifest: Path
-
-
-def sweep_paths(spec: SweepSpec, out: str | os.PathLike) -> SweepPaths:
-    root = Path(out).expanduser().resolve() / spec.name
-    mlflow_uri = spec.tracking.mlflow_uri or f"sqlite:///{root / 'mlflow.db'}"
-    parquet_root = spec.tracking.parquet_root or str(root / "parquet")
-    return SweepPaths(root, root / "spec.yaml", mlflow_uri, root / "mlartifacts", parquet_root,
-                      root / "ray", root / "sweep.json")
 
 
 @dataclass
@@ -52,61 +32,6 @@ class SweepResult:
     fit_s: float = 0.0  # the Tune phase alone (no Ray start, no MLflow store creation)
 
 
-def make_progress():
-    """The progress-line Tune callback class (built lazily: it subclasses ray.tune.Callback)."""
-    import ray.tune
-
-    class ProgressCallback(ray.tune.Callback):
-        """One compact progress line every few seconds instead of Tune's tables."""
-
-        def __init__(self, total: int, metric: str, mode: str, every_s: float = 5.0,
-                     printer=print, label: str | None = None):
-            self.total, self.metric, self.mode = total, metric, mode
-            self.label = label or metric
-            self.every_s, self.printer = every_s, printer
-            self.t0 = time.time()
-            self.last = 0.0
-            self.best: float | None = None
-            self.diverged: set[str] = set()
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            if result.get("_status") == "diverged":
-                self.diverged.add(trial.trial_id)
-                return
-            v = result.get(self.metric)
-            if v is None or not math.isfinite(v):
-                return
-            if self.best is None or (v < self.best if self.mode == "min" else v > self.best):
-                self.best = v
-
-        def on_step_end(self, iteration, trials, **info):
-            now = time.time()
-            if now - self.last >= self.every_s:
-                self.last = now
-                self.printer(self.line(trials))
-
-        def on_experiment_end(self, trials, **info):
-            self.printer(self.line(trials))
-
-        def line(self, trials) -> str:
-            st = [t.status for t in trials]
-            done = sum(s == "TERMINATED" for s in st)
-            running = sum(s == "RUNNING" for s in st)
-            failed = sum(s == "ERROR" for s in st)
-            div = len(self.diverged)
-            elapsed = time.time() - self.t0
-            total = max(self.total, len(trials))
-            eta = "?"
-            if done + failed:
-                eta = f"{elapsed / (done + failed) * (total - done - failed):.0f}s"
-            best = "-" if self.best is None else f"{self.best:.4f}"
-            return (f"[geosweep] {done}/{total} done, {running} running, {div} diverged, "
-                    f"{failed} failed | best {self.label} {best} | {elapsed:.0f}s elapsed, "
-                    f"ETA {eta}")
-
-    return ProgressCallback
-
-
 def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
               address: str | None = None, resume: bool = False,
               printer=print, extend: Extension | None = None) -> SweepResult:
@@ -114,72 +39,139 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
 
     ``resume``: restore the sweep's last Tune experiment and finish it (finished trials are
     not rerun; MLflow runs and Parquet rows are found again, not duplicated). ``extend``: run
-    one more experiment that adds seeds or samples to a finished sweep (orchestrator/
+    one more experiment that adds seeds or samples to a finished sweep (orchestrator/sweep/
     experiments.py); implies ``resume``.
     """
     from cluster.local import connect
-    from orchestrator.store.mlflow import MlflowSink
-    from orchestrator.store.parquet import ParquetSink, read_trial_records
-    from orchestrator.sweep.callback import SinkCallback
-    from orchestrator.sweep.experiments import (
-        FIRST,
-        build_experiment_search,
-        experiment_names,
-        load_experiment,
-        plan_extension,
-        save_experiment,
-    )
-    from orchestrator.sweep.provenance import provenance
-    from orchestrator.sweep.trial import resolve_executor, trial_driver, trial_resources
-    from orchestrator.sweep.worker import OBJECTIVE
+    from orchestrator.store.weights import keep_weights
+    from orchestrator.sweep.experiments import save_experiment
 
     t0 = time.time()
     _quiet_logs()
     paths = sweep_paths(spec, out)
     resume = resume or bool(extend)
-    # --- which experiment: the first, the last one again (resume), or a new one (extend) -----
-    names = experiment_names(paths.ray_storage) if resume else [FIRST]
-    previous = read_trial_records(paths.parquet_root, spec.name) if resume else []
-    manifest = json.loads(paths.manifest.read_text()) if resume and paths.manifest.exists() \
-        else {}
-    planned = int(manifest.get("trials", 0))
-    if extend:  # checked before Ray starts: a refused extension changes nothing
-        spec, exp = plan_extension(spec, previous, extend, planned, len(names) + 1)
-    else:
-        exp = load_experiment(paths.ray_storage, names[-1], spec)
+    # checked before Ray starts: a refused extension changes nothing
+    plan = _Plan.make(spec, paths, resume, extend)
+    spec, exp = plan.spec, plan.exp
     connect(address)  # first: a failed Ray start must leave no sweep folder behind
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.to_yaml())
-    if extend:
-        planned += exp.count
-    elif not resume or not planned:
-        planned = exp.count
     if extend or not resume:  # what a later resume restores this experiment with
         save_experiment(paths.ray_storage, exp)
+    mlflow, sink_cb = _sinks(spec, paths, plan.previous)
+    progress = make_progress()(exp.count, _objective(), spec.search.mode, printer=printer,
+                               label=spec.search.metric)
+    tuner = _tuner(spec, paths, plan, [sink_cb, progress], resume and not extend)
+    paths.manifest.write_text(json.dumps({
+        "name": spec.name, "trials": plan.planned, "mlflow_uri": paths.mlflow_uri,
+        "parquet_root": paths.parquet_root, "started": plan.manifest.get("started", t0),
+        "address": address, "experiments": plan.names + ([exp.name] if extend else []),
+    }, indent=2))
+    t_fit = time.time()
+    tuner.fit()
+    fit_s = time.time() - t_fit
+    if resume:
+        _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
+    records = sink_cb.records()
+    keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
+    mlflow.end_parent(status="FINISHED")
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return SweepResult(paths, records, time.time() - t0, _best(records, spec.search.mode),
+                       counts, fit_s)
 
+
+@dataclass
+class _Plan:
+    """Which experiment runs and what the sweep held before it (resume / extend)."""
+
+    spec: SweepSpec  # the whole sweep's spec (an extension adds seeds or samples)
+    exp: Any  # the Tune experiment to run (orchestrator/sweep/experiments.py)
+    names: list[str]  # experiments of the sweep before this run
+    previous: list[dict[str, Any]]  # trial records already in Parquet
+    manifest: dict[str, Any]  # sweep.json as found
+    planned: int  # trials planned, this experiment included
+    storage: str | None  # the Optuna study's RDB URL (Optuna searches only)
+
+    @classmethod
+    def make(cls, spec: SweepSpec, paths: SweepPaths, resume: bool,
+             extend: Extension | None) -> _Plan:
+        from orchestrator.store.parquet import read_trial_records
+        from orchestrator.sweep.experiments import (
+            FIRST,
+            experiment_names,
+            load_experiment,
+            plan_extension,
+        )
+
+        names = experiment_names(paths.ray_storage) if resume else [FIRST]
+        previous = read_trial_records(paths.parquet_root, spec.name) if resume else []
+        manifest = json.loads(paths.manifest.read_text()) if resume and paths.manifest.exists() \
+            else {}
+        planned = int(manifest.get("trials", 0))
+        if extend:
+            spec, exp = plan_extension(spec, previous, extend, planned, len(names) + 1)
+            planned += exp.count
+        else:
+            exp = load_experiment(paths.ray_storage, names[-1], spec)
+            planned = exp.count if not resume or not planned else planned
+        # Optuna searches keep their study in an RDB in the sweep folder: an interrupted search
+        # resumes from it, an extension continues it, and `optuna-dashboard sqlite:///<sweep>/
+        # optuna.db` can open it.
+        storage = None
+        if spec.search.algorithm.startswith("optuna"):
+            storage = f"sqlite:///{paths.root / 'optuna.db'}"
+        return cls(spec, exp, names, previous, manifest, planned, storage)
+
+
+def _objective() -> str:
+    from orchestrator.sweep.worker import OBJECTIVE
+
+    return OBJECTIVE
+
+
+def _sinks(spec: SweepSpec, paths: SweepPaths, previous: list[dict[str, Any]]) -> tuple:
+    """The single writers (MLflow parent + Parquet dataset) behind one Tune callback."""
+    from orchestrator.store.mlflow import MlflowSink
+    from orchestrator.store.parquet import ParquetSink
+    from orchestrator.sweep.callback import SinkCallback
+    from orchestrator.sweep.provenance import provenance
+
+    mlflow = MlflowSink(paths.mlflow_uri, spec.tracking.experiment or spec.name, spec.name,
+                        artifact_location=str(paths.artifacts))
+    mlflow.start_parent(spec.to_yaml(), params={"sweep": spec.name}, provenance=provenance())
+    parquet = ParquetSink(paths.parquet_root, spec.name)
+    sink_cb = SinkCallback(mlflow=mlflow, parquet=parquet, sweep=spec.name,
+                           metric=_objective(), background=True)
+    sink_cb.preload(previous)
+    return mlflow, sink_cb
+
+
+def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
+           restore: bool) -> Any:
+    """A new Tuner over the trial driver, or the last experiment's restored (``restore``)."""
     import ray.tune as tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    # --- sinks: the single writers ----------------------------------------------------------
-    mlflow = MlflowSink(paths.mlflow_uri, spec.tracking.experiment or spec.name, spec.name,
-                        artifact_location=str(paths.artifacts))
-    prov = provenance()
-    mlflow.start_parent(spec.to_yaml(), params={"sweep": spec.name}, provenance=prov)
-    parquet = ParquetSink(paths.parquet_root, spec.name)
-    sink_cb = SinkCallback(mlflow=mlflow, parquet=parquet, sweep=spec.name,
-                           metric=OBJECTIVE, background=True)
-    sink_cb.preload(previous)
-    progress = make_progress()(exp.count, OBJECTIVE, spec.search.mode, printer=printer,
-                               label=spec.search.metric)
+    from orchestrator.sweep.experiments import build_experiment_search
+    from orchestrator.sweep.trial import resolve_executor, trial_driver, trial_resources
 
-    # --- search and scheduler -----------------------------------------------------------------
-    # Optuna searches keep their study in an RDB in the sweep folder: an interrupted search
-    # resumes from it, an extension continues it, and `optuna-dashboard sqlite:///<sweep>/
-    # optuna.db` can open it.
-    storage = None
-    if spec.search.algorithm.startswith("optuna"):
-        storage = f"sqlite:///{paths.root / 'optuna.db'}"
-    param_space, search_alg, num_samples = build_experiment_search(exp, storage, spec.name)
+    exp = plan.exp
+    param_space, search_alg, num_samples = build_experiment_search(exp, plan.storage, spec.name)
+    finished = frozenset(r["trial"] for r in plan.previous
+                         if r.get("status") in ("completed", "diverged", "stopped"))
+    trainable = tune.with_resources(
+        tune.with_parameters(trial_driver, plan=spec.trial_plan(),
+                             storage=str(paths.ray_storage / "train"), finished=finished),
+        trial_resources(spec.resources))
+    tune_dir = paths.ray_storage / exp.name
+    if restore and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
+        tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable,
+                                   resume_unfinished=True, restart_errored=True,
+                                   param_space=param_space)
+        _use_callbacks(tuner, callbacks)
+        return tuner
     if spec.scheduler.type == "asha":
         scheduler = ASHAScheduler(
             time_attr="step", max_t=spec.scheduler.max_t or spec.base_config().train.steps,
@@ -187,66 +179,28 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             reduction_factor=spec.scheduler.reduction_factor)
     else:
         scheduler = FIFOScheduler()
-
-    trainable = tune.with_resources(
-        tune.with_parameters(trial_driver, spec_dict=spec.model_dump(mode="json"),
-                             storage=str(paths.ray_storage / "train"),
-                             finished=frozenset(r["trial"] for r in previous if r.get(
-                                 "status") in ("completed", "diverged", "stopped"))),
-        trial_resources(spec.resources))
-    callbacks = [sink_cb, progress]
     run_config = tune.RunConfig(
-        name=exp.name, storage_path=str(paths.ray_storage), verbose=0,
-        callbacks=callbacks,
+        name=exp.name, storage_path=str(paths.ray_storage), verbose=0, callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
-    tune_dir = paths.ray_storage / exp.name
-    if resume and not extend and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
-        tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable,
-                                   resume_unfinished=True, restart_errored=True,
-                                   param_space=param_space)
-        _use_callbacks(tuner, callbacks)
-    else:
-        tuner = tune.Tuner(
-            trainable,
-            param_space=param_space,
-            tune_config=tune.TuneConfig(
-                metric=OBJECTIVE, mode=spec.search.mode, search_alg=search_alg,
-                scheduler=scheduler, num_samples=num_samples,
-                # the searcher enforces max_concurrent; in-trial trials reuse their actor
-                # (no new process, no torch import per trial: measured in sweep_efficiency)
-                max_concurrent_trials=None,
-                reuse_actors=resolve_executor(spec.resources) == "in_trial",
-            ),
-            run_config=run_config,
-        )
-    paths.manifest.write_text(json.dumps({
-        "name": spec.name, "trials": planned, "mlflow_uri": paths.mlflow_uri,
-        "parquet_root": paths.parquet_root, "started": manifest.get("started", t0),
-        "address": address, "experiments": names + ([exp.name] if extend else []),
-    }, indent=2))
-    t_fit = time.time()
-    grid = tuner.fit()
-    fit_s = time.time() - t_fit
-    if resume:
-        _close_orphans(sink_cb, mlflow, previous, storage, spec.name)
-    records = sink_cb.records()
-    from orchestrator.store.weights import keep_weights
+    tune_config = tune.TuneConfig(
+        metric=_objective(), mode=spec.search.mode, search_alg=search_alg,
+        scheduler=scheduler, num_samples=num_samples,
+        # the searcher enforces max_concurrent; in-trial trials reuse their actor
+        # (no new process, no torch import per trial: measured in sweep_efficiency)
+        max_concurrent_trials=None,
+        reuse_actors=resolve_executor(spec.resources) == "in_trial",
+    )
+    return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
+                      run_config=run_config)
 
-    keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
-    mlflow.end_parent(status="FINISHED")
 
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    best = None
+def _best(records: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
     ok = [r for r in records if r["status"] == "completed" and _finite(r.get("final_val_loss"))]
-    if ok:
-        key = "final_val_loss"
-        best = (min if spec.search.mode == "min" else max)(ok, key=lambda r: r[key])
-    del grid
-    return SweepResult(paths, records, time.time() - t0, best, counts, fit_s)
+    if not ok:
+        return None
+    return (min if mode == "min" else max)(ok, key=lambda r: r["final_val_loss"])
 
 
 def _close_orphans(sink_cb: Any, mlflow: Any, previous: list[dict[str, Any]],

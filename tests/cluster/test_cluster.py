@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ray_services import mlflow_server, ray_head, ray_worker, wait_for_nodes
 
 from cluster import jobs
-from cluster.services import mlflow_server, ray_head, ray_worker, wait_for_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(600)]
 

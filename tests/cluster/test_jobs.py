@@ -254,7 +254,7 @@ def test_unknown_job_and_unreachable_address_are_one_line(fake_api, monkeypatch,
     monkeypatch.setenv("RAY_AUTH_TOKEN", TOKEN)
     rc, _, err = run_cli(["logs", "nope", "--address", fake_api], capsys)
     assert rc == 2 and err.count("\n") == 1 and "job nope" in err
-    from cluster.services import free_port
+    from ray_services import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     rc, _, err = run_cli(["submit", "quickstart", "--address", dead], capsys)
@@ -316,7 +316,7 @@ def test_local_cluster_script_binds_loopback_and_has_stop():
 
 
 def test_services_warn_only_off_loopback():
-    from cluster.services import network_warning
+    from ray_services import network_warning
 
     for host in ("127.0.0.1", "localhost", "::1"):
         assert network_warning(host, "MLflow") is None

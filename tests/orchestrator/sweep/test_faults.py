@@ -145,7 +145,7 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, executor, actor):
     in-trial executor) between two checkpoints; Train's or Tune's FailureConfig restarts it
     from the last checkpoint; the curve has every step once and equals a run that was never
     interrupted (same seed, same thread count) within 1e-6."""
-    from cluster.services import ray_head
+    from ray_services import ray_head
 
     token = secrets.token_hex(24)
     ray_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
