@@ -105,6 +105,8 @@ def _fig_loss_curves(data: SweepData, cfg: ReportConfig, arms, labels, colors, p
 
 
 def _fig_val_vs_p(data: SweepData, cfg: ReportConfig, arms, colors, path) -> str | None:
+    # Over 60 lines on purpose: one figure's steps (points, arm means, the inf column, the
+    # axes) read top to bottom; split, each piece would need the whole figure state.
     t, col = data.trials, cfg.p_column
     if col not in t.columns:
         return f"validation loss vs p: no `{col}` column in the trials"

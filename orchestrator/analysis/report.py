@@ -88,26 +88,7 @@ def write_report(root: str | Path, baseline: str | None = None,
     ]
     for title, fname in made:
         lines += [f"### {title}", "", f"![{title}]({fname})", ""]
-    if not mtab.empty:
-        lines += ["## Metrics at the last step", "",
-                  "Per arm and module: each completed trial's last-step value averaged over "
-                  "layers, mean [t-interval] over seeds. All rows: [metrics.csv](metrics.csv).",
-                  ""]
-        flagged = False
-        for metric, g in mtab.groupby("metric", sort=False):
-            mark = ["†" if sh >= 0.5 else "" for sh in g["small_gap"].fillna(0.0)]
-            flagged = flagged or any(mark)
-            piv = g.assign(v=[_ci(*x) + mk for x, mk in zip(
-                zip(g["mean"], g["lo"], g["hi"]), mark)]).pivot(
-                index="arm", columns="module", values="v")
-            piv = piv.reindex(index=[a for a in arm_order(data.trials) if a in set(g["arm"])],
-                              columns=_module_order(piv.columns))
-            lines += [f"### `{metric}`", "", _md_table(piv.reset_index()), ""]
-        if flagged:
-            lines += [f"† s1/s2 < {cfg.min_gap} for most of these matrices at the last "
-                      "step: the top singular vector is ill-defined (a Stiefel matrix has "
-                      "s1/s2 = 1), so top-1 continuity says nothing there; read the top-k "
-                      "subspace rows (`w.sub4_*`, SCIENCE.md M2) in metrics.csv.", ""]
+    lines += _metrics_md(data, cfg, mtab)
     lines += ["## Trials", "", _md_table(trials[lead]), ""]
     if skipped:
         lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]
@@ -117,3 +98,30 @@ def write_report(root: str | Path, baseline: str | None = None,
         note = log_report(data.manifest.get("mlflow_uri"), data.name, out)
         md.write_text("\n".join(lines + ["## MLflow", "", f"- {note}", ""]))
     return md
+
+
+def _metrics_md(data: SweepData, cfg: ReportConfig, mtab) -> list[str]:
+    """The report's "Metrics at the last step" section (empty without metric rows)."""
+    if mtab.empty:
+        return []
+    lines: list[str] = []
+    lines += ["## Metrics at the last step", "",
+              "Per arm and module: each completed trial's last-step value averaged over "
+              "layers, mean [t-interval] over seeds. All rows: [metrics.csv](metrics.csv).",
+              ""]
+    flagged = False
+    for metric, g in mtab.groupby("metric", sort=False):
+        mark = ["†" if sh >= 0.5 else "" for sh in g["small_gap"].fillna(0.0)]
+        flagged = flagged or any(mark)
+        piv = g.assign(v=[_ci(*x) + mk for x, mk in zip(
+            zip(g["mean"], g["lo"], g["hi"]), mark)]).pivot(
+            index="arm", columns="module", values="v")
+        piv = piv.reindex(index=[a for a in arm_order(data.trials) if a in set(g["arm"])],
+                          columns=_module_order(piv.columns))
+        lines += [f"### `{metric}`", "", _md_table(piv.reset_index()), ""]
+    if flagged:
+        lines += [f"† s1/s2 < {cfg.min_gap} for most of these matrices at the last "
+                  "step: the top singular vector is ill-defined (a Stiefel matrix has "
+                  "s1/s2 = 1), so top-1 continuity says nothing there; read the top-k "
+                  "subspace rows (`w.sub4_*`, SCIENCE.md M2) in metrics.csv.", ""]
+    return lines

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.analysis.search_p import divergence_map, jsonable, render_markdown
 from orchestrator.analysis.stats import t_interval
 from orchestrator.sweep.params import P_KEY
 from orchestrator.sweep.space import PREFIX, SPECIAL, flat_from_tune_config
@@ -256,105 +257,6 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
         f"fANOVA over {len(done)} finished trials (p's inf switch counted with p)")
 
 
-def divergence_map(obs: list[dict[str, Any]], path: Path) -> Path:
-    """log2 p vs log10 lr: x = diverged, colour = final val loss, p = inf at the right."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    pts = [o for o in obs if o["p"] is not None and o["lr"] is not None and o["lr"] > 0]
-    finite = [math.log2(o["p"]) for o in pts if math.isfinite(o["p"])]
-    x_inf = max([6.0, *finite]) + 1.5  # right of the searched range (log2 64 = 6)
-    fig = Figure(figsize=(6.4, 4.4), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-
-    def xy(group):
-        return ([math.log2(o["p"]) if math.isfinite(o["p"]) else x_inf for o in group],
-                [math.log10(o["lr"]) for o in group])
-
-    done = [o for o in pts if o["status"] == "completed" and o["loss"] is not None]
-    stopped = [o for o in pts if o["status"] == "stopped"]
-    div = [o for o in pts if o["status"] == "diverged"]
-    if done:
-        sc = ax.scatter(*xy(done), c=[o["loss"] for o in done], cmap="viridis", s=40,
-                        edgecolors="k", linewidths=0.4, label="completed", zorder=3)
-        fig.colorbar(sc, ax=ax, label="final val loss")
-    if stopped:
-        ax.scatter(*xy(stopped), facecolors="none", edgecolors="0.5", s=30,
-                   label="stopped early (ASHA)", zorder=2)
-    if div:
-        ax.scatter(*xy(div), marker="x", c="red", s=50, label="diverged", zorder=4)
-    ax.axvline(x_inf - 0.75, color="0.8", linestyle=":")
-    ticks = sorted({-2, 0, 2, 4, 6} | {round(v) for v in finite})
-    ax.set_xlim(min([-2.0, *finite]) - 0.5, x_inf + 0.5)
-    ax.set_xticks([*ticks, x_inf], [*(f"{2.0 ** t:g}" for t in ticks), "inf"])
-    ax.set_xlabel("p (log scale; GeoNorm p = inf at the right)")
-    ax.set_ylabel("log10 learning rate")
-    ax.set_title(f"where (p, lr) diverged: {len(div)} of {len(pts)} trials")
-    if pts:
-        ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
-
-
-# --- the report ----------------------------------------------------------------------------
-
-
-def _fmt_p(p: Any) -> str:
-    return "-" if p is None else ("inf" if p == math.inf else f"{p:.4g}")
-
-
-def _fmt_ci(r: Mapping[str, Any]) -> str:
-    if math.isnan(r["lo"]):
-        return "-"
-    return f"[{r['lo']:.4f}, {r['hi']:.4f}]"
-
-
-def render_markdown(name: str, res: SearchPResult, notes: list[str]) -> str:
-    lines = [f"# search-p: {name}", "", *notes, ""]
-    b = res.best
-    if b is None:
-        lines.append("**No configuration completed its confirmation runs**: no best p.")
-    else:
-        lines.append(f"**Best p = {_fmt_p(b['p'])}** (lr {b['lr']:.3g}): final val loss "
-                     f"{b['mean']:.4f}, 95% CI {_fmt_ci(b)} over {b['n']} seeds "
-                     f"({b['n_diverged']} diverged)")
-    lines += ["", "| rank | p | lr | mean final val loss | 95% CI | completed seeds | diverged |",
-              "|---:|---:|---:|---:|---|---:|---:|"]
-    for i, r in enumerate(([b] if b else []) + res.runners_up, 1):
-        mean = "-" if math.isnan(r["mean"]) else f"{r['mean']:.4f}"
-        lines.append(f"| {i} | {_fmt_p(r['p'])} | {r['lr']:.3g} | {mean} | {_fmt_ci(r)} | "
-                     f"{r['n']} | {r['n_diverged']} |")
-    div = [o for o in res.stage1 if o["status"] == "diverged"]
-    lines += ["", "## Where (p, lr) diverged", "",
-              f"{len(div)} of {len(res.stage1)} search trials diverged "
-              "(each told to the sampler with its penalty value).", "",
-              "![divergence map](divergence_map.png)", ""]
-    for o in sorted(div, key=lambda o: (o["p"] or 0, o["lr"] or 0)):
-        lines.append(f"- p = {_fmt_p(o['p'])}, lr = {o['lr']:.3g}: diverged by step {o['steps']}")
-    lines += ["", "## Parameter importances", ""]
-    if res.importances is None:
-        lines.append(res.importance_note)
-    else:
-        lines += [res.importance_note, "", "| parameter | importance |", "|---|---:|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in res.importances.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, float):
-        return None if math.isnan(v) else ("inf" if v == math.inf else v)
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if hasattr(v, "item"):
-        return _jsonable(v.item())
-    return v
-
-
 # --- running it ----------------------------------------------------------------------------
 
 
@@ -388,8 +290,6 @@ def search_p(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     ``sampler``: tpe | gp, or ``None`` for the spec's own. ``resume``: continue the search in
     ``<out>/<name>`` (its Tune state and Optuna study); without it an existing study is an error.
     """
-    import optuna
-
     from orchestrator.store.layout import sweep_paths
     from orchestrator.sweep.tuner import run_sweep
 
@@ -423,7 +323,16 @@ def search_p(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             obs2.append(o)
     rows = summarize(configs, obs2, lr0)
 
-    # --- the report ---------------------------------------------------------------------------
+    return _report(s1, root, url, configs, confirm_seeds, obs1, obs2, rows, printer)
+
+
+def _report(s1: SweepSpec, root: Path, url: str, configs: list[dict[str, Any]],
+            confirm_seeds: int, obs1: list[dict[str, Any]], obs2: list[dict[str, Any]],
+            rows: list[dict[str, Any]], printer: Callable[[str], None]) -> SearchPResult:
+    """Importances, the divergence map, search_p.md and search_p.json in ``root``."""
+    import optuna
+
+    db = root / "optuna.db"
     study = optuna.load_study(study_name=s1.name, storage=url)
     imps, note = param_importances(study)
     map_path = divergence_map(obs1, root / "divergence_map.png")
@@ -451,6 +360,6 @@ def search_p(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
                "trial_steps": res.trial_steps,
                "stage1": obs1, "confirm": obs2, "files": res.files, "study": url,
                "study_name": s1.name}
-    Path(res.files["json"]).write_text(json.dumps(_jsonable(payload), indent=2))
+    Path(res.files["json"]).write_text(json.dumps(jsonable(payload), indent=2))
     printer(text)
     return res
