@@ -16,18 +16,18 @@ they are checked (the first that fires names the reason); ``None`` switches a ru
 - ``grad_explosion``: grad norm ``> grad_norm_max`` (absolute; at once), or, when
   ``grad_norm_factor_vs_median`` is set, ``> factor x`` the median of the last
   ``grad_norm_window`` grad norms for ``patience`` consecutive steps after warm-up.
-- ``loss_vs_initial``: loss ``> max(ref + loss_margin_vs_initial, loss_factor_vs_initial x
-  ref)`` for ``patience`` consecutive steps, with ``ref = min(first finite loss, lower median
-  of the first reference_steps finite losses)``: where the run started, robust to one odd
+- ``loss_vs_initial``: loss ``> max(ref + loss_margin_vs_initial, START_FACTOR x ref)`` for
+  ``patience`` consecutive steps, with ``ref = min(first finite loss, lower median of the
+  first REFERENCE_STEPS finite losses)``: where the run started, robust to one odd
   first batch. The factor keeps the bound meaningful when the start is large (1e3 + 2 nats
   would be noise there).
 - ``loss_vs_best``: loss ``> loss_factor_vs_best x best`` and ``> best + loss_min_delta`` for
   ``patience`` steps; ``best`` is the minimum of a bias-corrected EMA (``ema_beta``) of the
   loss, so one lucky batch does not set it.
 - ``loss_spike`` (opt-in): loss ``> spike_bound`` (median + ``spike_z`` robust sigmas, MAD,
-  over the last ``spike_window`` non-spiking losses) for ``patience`` steps.
+  over the last SPIKE_WINDOW non-spiking losses) for ``patience`` steps.
 - ``final_loss`` (``check_eval`` at the last eval): the final val loss ``> max(fref +
-  final_margin, loss_factor_vs_initial x fref)`` with ``fref = min(ref, ln(classes))``. A run
+  final_margin, START_FACTOR x fref)`` with ``fref = min(ref, ln(classes))``. A run
   that ends worse than the uniform predictor by that much is not healthy whatever its start,
   so "completed with val loss 104,296" cannot happen even when every per-step rule was off.
 
@@ -67,6 +67,10 @@ REASONS = (
     "final_loss",
 )
 MAD_SIGMA = 1.4826  # MAD x this = sigma for normal data
+# Fixed rather than fields: a spec's one-line error lists every field of DivergenceRules.
+REFERENCE_STEPS = 5  # the early losses whose lower median enters the start reference
+START_FACTOR = 1.5  # "far above the start" is also > this x the start (large starts)
+SPIKE_WINDOW = 30  # losses in the spike rule's median/MAD window (as stats.spike_count)
 
 
 class DivergenceRules(BaseModel):
@@ -78,17 +82,14 @@ class DivergenceRules(BaseModel):
     warmup_steps: int = Field(0, ge=0)
     patience: int = Field(3, ge=1)
     ema_beta: float = Field(0.9, ge=0.0, lt=1.0)
-    reference_steps: int = Field(5, ge=1)
     loss_factor_vs_best: float | None = Field(4.0, gt=1.0)
     loss_min_delta: float = Field(0.1, ge=0.0)
     loss_margin_vs_initial: float | None = Field(2.0, gt=0.0)
-    loss_factor_vs_initial: float = Field(1.5, gt=1.0)
     final_margin: float | None = Field(2.0, gt=0.0)
     grad_norm_max: float | None = Field(1e4, gt=0.0)
     grad_norm_factor_vs_median: float | None = Field(None, gt=1.0)
     grad_norm_window: int = Field(100, ge=5)
     spike_z: float | None = Field(None, gt=0.0)
-    spike_window: int = Field(30, ge=5)
     max_logit: float | None = Field(None, gt=0.0)
     sigma_q_growth: float | None = Field(None, gt=1.0)
     update_ratio_max: float | None = Field(None, gt=0.0)
@@ -111,7 +112,7 @@ def spike_bound(recent: Sequence[float], z: float, min_delta: float = 0.0) -> fl
 def start_bound(rules: DivergenceRules, ref: float, margin: float | None) -> float:
     """The "far above where it started" bound for a reference loss ``ref``."""
     m = 2.0 if margin is None else margin
-    return max(ref + m, rules.loss_factor_vs_initial * ref)
+    return max(ref + m, START_FACTOR * ref)
 
 
 def penalty_value(
@@ -153,13 +154,13 @@ class DivergenceMonitor:
         self.best_loss: float | None = None  # min of the bias-corrected loss EMA
         self.worst_loss: float | None = None  # max finite raw loss
         self.sigma_q0: float | None = None  # sigma_max(W_Q) at the first measurement
-        self._early: list[float] = []  # the first reference_steps finite losses
+        self._early: list[float] = []  # the first REFERENCE_STEPS finite losses
         self._ema = 0.0
         self._ema_n = 0
         self._strikes = {"loss_vs_initial": 0, "loss_vs_best": 0, "grad_explosion": 0,
                          "loss_spike": 0}
         self._grads: deque[float] = deque(maxlen=self.rules.grad_norm_window)
-        self._losses: deque[float] = deque(maxlen=self.rules.spike_window)
+        self._losses: deque[float] = deque(maxlen=SPIKE_WINDOW)
 
     # --- protocol -------------------------------------------------------------------------
     def signals(self, step: int) -> frozenset[str]:
@@ -248,7 +249,7 @@ class DivergenceMonitor:
         self._ema_n = int(state["ema_n"])
         self._strikes.update({k: int(v) for k, v in state["strikes"].items()})
         self._grads = deque(state["grads"], maxlen=self.rules.grad_norm_window)
-        self._losses = deque(state.get("losses", []), maxlen=self.rules.spike_window)
+        self._losses = deque(state.get("losses", []), maxlen=SPIKE_WINDOW)
 
     def penalty(self) -> float:
         """``penalty_value`` with this run's initial, best and worst losses."""
@@ -321,7 +322,7 @@ class DivergenceMonitor:
     def _update_loss(self, loss: float) -> None:
         if self.initial_loss is None:
             self.initial_loss = loss
-        if len(self._early) < self.rules.reference_steps:
+        if len(self._early) < REFERENCE_STEPS:
             self._early.append(loss)
         self.worst_loss = loss if self.worst_loss is None else max(self.worst_loss, loss)
         b = self.rules.ema_beta
