@@ -1,8 +1,9 @@
 """Per-step health signals for the divergence monitor (``workloads.report.StepInfo``).
 
-- ``param_max``: max |parameter| over the model, every step. One fused ``_foreach_norm(inf)``
-  pass and one host sync; the inf-norm, not the 2-norm, so that huge but finite weights do not
-  overflow the norm into a false "non-finite parameter" (NaN propagates through the max).
+- ``param_max``: max |parameter| over the model, every step: fused ``_foreach_abs`` /
+  ``_foreach_max`` and one host sync (~0.5 ms on gpt-debug on one CPU thread, ~2% of a step).
+  The max, not the 2-norm, so huge but finite weights do not overflow into a false
+  "non-finite parameter"; NaN propagates through the max.
 - ``extras`` the monitor asked for (every ``signal_every`` steps, so the cost stays low):
   ``max_logit`` (max |q.k/sqrt(d_h)| over causal entries of every layer on the fixed probe
   batch, as ``inst.max_logit`` of the metrics collector; docs/science.md §3.5 item 3),
@@ -37,8 +38,7 @@ class StepSignals:
 
     @torch.no_grad()
     def param_max(self) -> float:
-        norms = torch._foreach_norm(self.params, ord=float("inf"))
-        return float(torch.stack(norms).amax())
+        return float(torch.stack(torch._foreach_max(torch._foreach_abs(self.params))).amax())
 
     @torch.no_grad()
     def before_step(self, wanted: Collection[str]) -> None:
