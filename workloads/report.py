@@ -26,9 +26,10 @@ class CurvePoint:
 @dataclass
 class Divergence:
     # nonfinite_loss | nonfinite_grad | loss_vs_best | loss_vs_initial | grad_explosion | ...
-    reason: str
+    reason: str  # the rule that fired
     step: int
-    detail: str = ""
+    detail: str = ""  # e.g. "loss=13.2 > 12.8"
+    value: float | None = None  # the value that crossed the rule's bound
 
 
 @dataclass
@@ -50,11 +51,20 @@ class StepInfo:
     loss: float
     grad_norm: float  # global norm before clipping (inf/nan when non-finite)
     lr: float
-    extras: dict[str, float] = field(default_factory=dict)  # e.g. {"max_logit": ..}
+    # only what the monitor's ``signals(step)`` asked for: max_logit | sigma_max_q | update_ratio
+    extras: dict[str, float] = field(default_factory=dict)
+    param_max: float | None = None  # max |parameter| after the step; inf/nan if any is
+    chance_loss: float | None = None  # ln(classes): the loss of the uniform predictor
 
 
 class StepMonitor(Protocol):
-    """Asked after every optimizer step; returns a Divergence to stop the run at once."""
+    """Asked after every optimizer step; returns a Divergence to stop the run at once.
+
+    Optional (the loop looks them up with ``getattr``): ``signals(step) -> set[str]``, the
+    ``StepInfo.extras`` to measure for that step (measured only when asked: they cost a probe
+    forward or an SVD), and ``check_eval(step, val_loss, final) -> Divergence | None``, asked
+    after every eval (``final``: the last one of the run).
+    """
 
     def check(self, info: StepInfo) -> Divergence | None: ...
 

@@ -219,6 +219,14 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
 
     # --- train -----------------------------------------------------------------------------
     params = [p for p in model.parameters() if p.requires_grad]
+    signals = None  # health signals for the monitor (workloads/metrics/signals.py)
+    if monitor is not None:
+        from workloads.metrics.signals import StepSignals
+
+        signals = StepSignals(model, data.probe.to(device) if data.probe is not None else None)
+    wants = getattr(monitor, "signals", lambda _step: ())
+    check_eval = getattr(monitor, "check_eval", None)
+    chance = math.log(data.vocab_size or getattr(cfg.model, "n_classes", 0) or 1) or None
     clip = o.grad_clip if o.grad_clip > 0 else math.inf
     curve: list[CurvePoint] = []
     train_losses: list[float] = []
@@ -256,6 +264,9 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
             initial_loss = loss_val
         if collector is not None:
             collector.after_backward(step)
+        wanted = wants(step + 1)
+        if signals is not None:
+            signals.before_step(wanted)
         if math.isfinite(loss_val) and math.isfinite(grad_norm):
             opts.step()
         opts.zero_grad()
@@ -267,8 +278,10 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
         curve += [CurvePoint(step + 1, "train", "loss", loss_val, wall),
                   CurvePoint(step + 1, "train", "grad_norm", grad_norm, wall),
                   CurvePoint(step + 1, "train", "lr", lr, wall)]
-        if monitor is not None:
-            divergence = monitor.check(StepInfo(step + 1, loss_val, grad_norm, lr))
+        if monitor is not None and signals is not None:
+            divergence = monitor.check(StepInfo(
+                step + 1, loss_val, grad_norm, lr, signals.extras(wanted) if wanted else {},
+                param_max=signals.param_max(), chance_loss=chance))
 
         done = step + 1 == total_steps or divergence is not None
         report_now = done or (t.eval_every and (step + 1) % t.eval_every == 0)
@@ -303,6 +316,9 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
             for k, v in ev.items():
                 scalars[f"val/{k}"] = v
                 curve.append(CurvePoint(n, "val", k, v, wall))
+            if check_eval is not None:  # a non-finite val loss; a final loss far too high
+                divergence = check_eval(n, last_val, done)
+                done = done or divergence is not None
         scalars["val/best_loss"] = best_val
         rows, pending_rows = pending_rows, []
         if collector is not None and divergence is None and (

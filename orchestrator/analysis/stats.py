@@ -6,12 +6,13 @@
 - ``holm``: Holm step-down adjustment of p-values (family-wise error over arms).
 - ``paired_difference``: paired t-test of a - b over shared seeds (same data order and init
   per seed, so pairing removes the seed-to-seed variance shared by both arms).
-- ``spike_count``: loss-spike episodes of one curve.
+- ``spike_count``: loss-spike episodes of one curve (median/MAD over a window).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -131,24 +132,39 @@ def paired_difference(a, b, conf: float = 0.95) -> PairedResult:
     return PairedResult(n, mean, lo, hi, p)
 
 
-def spike_count(losses: Iterable[float], factor: float, min_delta: float = 0.0) -> int:
-    """Number of loss-spike episodes in a step-ordered curve.
+def spike_count(losses: Iterable[float], factor: float, min_delta: float = 0.0, *,
+                window: int = 30, z: float = 6.0, min_history: int = 10) -> int:
+    """Number of loss-spike episodes in a step-ordered curve, by a robust local statistic.
 
-    Step t spikes when loss_t > factor * m_t and loss_t > m_t + min_delta, with m_t the running
-    minimum of the finite losses before t; a non-finite loss after a finite one also spikes.
-    Consecutive spiking steps form one episode.
+    Step t spikes when loss_t > factor x med_t and loss_t > med_t + max(z x 1.4826 x MAD_t,
+    min_delta), with med_t and MAD_t the median and median absolute deviation of the last
+    ``window`` non-spiking finite losses before t (``orchestrator.divergence.spike_bound``);
+    a non-finite loss after ``min_history`` finite ones also spikes. Consecutive spiking steps
+    form one episode. The old reference, the running minimum, counted every noisy batch above
+    the luckiest one seen (~300 "spikes" in a healthy MNIST trial, issue 17); a median over a
+    window moves with the decreasing loss, and the MAD scales the bound to the batch noise.
     """
+    from orchestrator.divergence import spike_bound
+
     if factor <= 1.0:
         raise ValueError(f"spike_count: factor must be > 1, got {factor}")
-    run_min = math.inf
+    if window < 5 or min_history < 1:
+        raise ValueError(f"spike_count: need window >= 5 and min_history >= 1, got {window}, "
+                         f"{min_history}")
+    recent: deque[float] = deque(maxlen=window)
     count, inside = 0, False
     for v in losses:
         v = float(v)
-        spiking = run_min < math.inf and (
-            not math.isfinite(v) or (v > factor * run_min and v > run_min + min_delta))
+        spiking = False
+        if len(recent) >= min_history:
+            if not math.isfinite(v):
+                spiking = True
+            else:
+                med = float(np.median(recent))
+                spiking = v > factor * med and v > spike_bound(recent, z, min_delta)
         if spiking and not inside:
             count += 1
         inside = spiking
-        if math.isfinite(v):
-            run_min = min(run_min, v)
+        if math.isfinite(v) and not spiking:  # spikes stay out of the reference window
+            recent.append(v)
     return count

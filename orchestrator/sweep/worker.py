@@ -26,8 +26,11 @@ OBJECTIVE = "objective"  # the result key Tune's searcher and scheduler read
 
 
 def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: float,
-                 rules: DivergenceRules, timing: dict[str, float]) -> dict[str, Any]:
-    """Flatten a workload Report into the Tune result payload (docs/contracts.md)."""
+                 rules: DivergenceRules, timing: dict[str, float],
+                 worst_loss: float | None = None) -> dict[str, Any]:
+    """Flatten a workload Report into the Tune result payload (docs/contracts.md).
+
+    ``worst_loss``: the largest finite train loss the monitor saw (``penalty: worst``)."""
     out: dict[str, Any] = {k: float(v) for k, v in rep.scalars.items()}
     out["step"] = rep.step
     status = "diverged" if rep.divergence else ("completed" if rep.done else "running")
@@ -35,7 +38,8 @@ def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: fl
     # informative penalty (the region is bad, but not infinitely so). The raw metric stays.
     value = out.get(metric, math.nan)
     if rep.divergence is not None or not math.isfinite(value):
-        value = penalty_value(rules, initial_loss, out.get("val/best_loss", math.inf))
+        value = penalty_value(rules, initial_loss, out.get("val/best_loss", math.inf),
+                              worst_loss)
     out[OBJECTIVE] = value
     if rep.divergence is not None:
         out["diverged"] = 1.0
@@ -94,7 +98,8 @@ def train_worker(config: dict[str, Any]) -> None:
         state["reported"] = True
         timing = {"setup_s": state["t_setup"], "wall_s": time.time() - t_start,
                   "train_s": rep.scalars.get("train/time_s", math.nan)}
-        payload = make_payload(rep, ctx, metric, state["initial_loss"], rules, timing)
+        payload = make_payload(rep, ctx, metric, state["initial_loss"], rules, timing,
+                               worst_loss=monitor.worst_loss)
         if first and rank == 0:
             payload["_config"] = {k: _plain(v) for k, v in flatten(cfg).items()}
         ckpt = None

@@ -113,14 +113,36 @@ def test_paired_difference_degenerate():
         paired_difference([1.0, 2.0], [1.0])
 
 
+def _noisy_curve(n=600, seed=0):
+    """MNIST-like batch losses: 2.3 -> 0.1 with multiplicative batch noise (sd ~30%)."""
+    rng = np.random.default_rng(seed)
+    trend = 0.1 + 2.2 * np.exp(-np.arange(n) / 60.0)
+    return list(trend * np.exp(rng.normal(0.0, 0.3, n)))
+
+
+def test_spike_count_ignores_batch_noise():
+    losses = _noisy_curve()
+    # the old running-minimum reference counted the batch noise as dozens of spike episodes
+    run_min, old = np.minimum.accumulate(losses), 0
+    above = [v > 1.5 * m and v > m + 0.1 for v, m in zip(losses[1:], run_min[:-1])]
+    old = sum(1 for i, a in enumerate(above) if a and (i == 0 or not above[i - 1]))
+    assert old > 20
+    assert spike_count(losses, 1.5, 0.1) == 0
+
+
 def test_spike_count_episodes():
-    losses = [5, 4, 3, 7, 8, 3, 2, 5, 1]  # > 2 x running min: 7, 8 (one episode) and 5
-    assert spike_count(losses, 2.0) == 2
-    assert spike_count(losses, 3.0) == 0
-    assert spike_count([3, 2, float("nan")], 2.0) == 1  # blow-up to nan is a spike
-    assert spike_count([float("inf"), 3, 2], 2.0) == 0  # no finite minimum yet
-    assert spike_count([0.01, 0.03, 0.01], 2.0) == 1
-    assert spike_count([0.01, 0.03, 0.01], 2.0, min_delta=0.1) == 0  # noise on a tiny loss
+    base = [3.0, 3.1] * 20  # median 3.05, MAD 0.05: bound max(1.5 x 3.05, 3.05 + 0.445)
+    losses = base + [5.0, 6.0, 5.0] + base[:10] + [4.8] + base[:10]
+    assert spike_count(losses, 1.5) == 2  # one 3-step episode, one single step
+    assert spike_count(losses, 2.0) == 0  # 6.0 < 2 x 3.05
+    assert spike_count(base + [float("nan")], 1.5) == 1  # blow-up to nan is a spike
+    assert spike_count([float("inf")] + base, 1.5) == 0  # no history yet
+    assert spike_count(base[:5] + [float("nan")], 1.5) == 0  # history shorter than 10
+    tiny = [0.01, 0.012] * 10 + [0.05]  # 4x the median, but 0.04 is noise on a tiny loss
+    assert spike_count(tiny, 2.0) == 1
+    assert spike_count(tiny, 2.0, min_delta=0.1) == 0
     assert spike_count([], 2.0) == 0
     with pytest.raises(ValueError, match="factor"):
         spike_count([1.0], 1.0)
+    with pytest.raises(ValueError, match="window"):
+        spike_count([1.0], 2.0, window=2)
