@@ -1,14 +1,24 @@
 """Step time of the GPT workload: forward + backward + AdamW step, measured side by side.
 
-Compares, interleaved in one process (rounds alternate the variants, medians are taken):
+For each shape (default: 4x128 and the gpt-debug preset), compares, interleaved in one process
+(rounds alternate the variants; a ratio is the median over rounds of that round's ratio;
+the clock is this process's CPU time by default, so other programs on a shared machine do not
+count; one torch thread by default):
 - geosweep Pre-LN vs a plain self-contained nanoGPT reference of the same shape (below),
 - every residual family vs Pre-LN,
+- spheret p=1 with the fused retraction (the default) vs the autograd reference
+  (``spheret_p1_ref``: ``sphere.sphere_step``, ~20 autograd nodes per sublayer),
 - achieved FLOP/s (6 N tokens + attention) vs a large ``torch.mm`` on the same machine.
+With ``--compile`` every variant is ``torch.compile``d and its compile time (first step minus
+a median step) is reported too.
 
-Targets (issue 2): Pre-LN <= 1.05x the reference, spheret p=1 <= 1.10x Pre-LN.
-Prints a table; the very last line is one JSON object with the figures.
+Targets (issues 2, 16): Pre-LN <= 1.05x the reference; spheret p=1 <= 1.10x Pre-LN, eager, at
+4x128 and at gpt-debug. Prints a table per shape; the very last line is one JSON object: the
+first shape's figures under plain keys (as before), every shape's under "shapes", and
+"spheret_p1_vs_preln@<shape>" for each shape.
 
-    python benchmarks/step_time.py [--layers 4 --width 128 --block 64 --batch 8 --rounds 7]
+    python benchmarks/step_time.py [--shapes 4x128,gpt-debug --rounds 7 --threads 1]
+    python benchmarks/step_time.py --shapes 4x128 --layers 4 --width 128 --block 64 --batch 8
 """
 
 from __future__ import annotations
@@ -23,7 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workloads.config import GPTConfig
+from workloads.config import PRESETS, GPTConfig
+from workloads.geometry.sphere import sphere_step
 from workloads.models import build_model
 
 # --- [reference] a plain nanoGPT, written here so it shares no code with geosweep ----------
@@ -82,6 +93,12 @@ class ReferenceGPT(nn.Module):
 
 # --- timing ----------------------------------------------------------------------------------
 
+FAMILIES = [("pre_ln", {}), ("post_ln", {}), ("peri_ln", {}), ("pre_dyt", {}), ("keel", {}),
+            ("geonorm", {}), ("spheret_p1", {"p": 1.0}), ("spheret_p2", {"p": 2.0}),
+            ("spheret_p0.5", {"p": 0.5}), ("spheret_p1_ref", {"p": 1.0})]
+RATIO_KEYS = ["spheret_p1", "spheret_p1_ref", "spheret_p2", "spheret_p0.5", "geonorm", "post_ln",
+              "peri_ln", "pre_dyt", "keel"]
+
 
 def _stepper(model: nn.Module, x, y):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -95,18 +112,115 @@ def _stepper(model: nn.Module, x, y):
     return step
 
 
-def _mm_flops(n: int = 1024, reps: int = 10) -> float:
+def _mm_flops(clock, n: int = 1024, reps: int = 10) -> float:
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-    t = time.perf_counter()
+    t = clock()
     for _ in range(reps):
         a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t)
+    return 2 * n**3 * reps / (clock() - t)
+
+
+def _shape(name: str, args) -> dict:
+    """'LxD' (heads/block/batch/vocab from the flags) or a GPT preset name (its own batch)."""
+    if name in PRESETS:
+        cfg = PRESETS[name]()
+        m = cfg.model
+        vocab = m.vocab_size or (65 if cfg.data.tokenizer == "char" else 50304)
+        return dict(L=m.n_layer, d=m.n_embd, nh=m.n_head, T=m.block_size,
+                    B=cfg.train.batch_size, V=vocab)
+    try:
+        L, d = (int(v) for v in name.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shapes: {name!r} is neither LxD (e.g. 4x128) nor one of "
+                         f"{', '.join(PRESETS)}") from None
+    return dict(L=L, d=d, nh=args.heads, T=args.block, B=args.batch, V=args.vocab)
+
+
+def _variants(s: dict, only: str) -> dict[str, nn.Module]:
+    L, d, nh, T, V = s["L"], s["d"], s["nh"], s["T"], s["V"]
+    variants: dict[str, nn.Module] = {"reference": ReferenceGPT(V, T, L, d, nh)}
+    for label, extra in FAMILIES:
+        fam = "spheret" if label.startswith("spheret") else label
+        cfg = GPTConfig(n_layer=L, n_head=nh, n_embd=d, block_size=T, vocab_size=V,
+                        residual={"family": fam, **extra})
+        model = build_model(cfg, vocab_size=V)
+        if label.endswith("_ref"):
+            model.stream.step_fn = sphere_step  # the autograd reference retraction
+        variants[label] = model
+    if only:
+        keep = set(only.split(",")) | {"reference", "pre_ln"}
+        variants = {k: v for k, v in variants.items() if k in keep}
+    return variants
+
+
+def measure(name: str, s: dict, args) -> dict:
+    """Median seconds per step of every variant at shape s, interleaved; prints a table."""
+    torch.manual_seed(0)
+    L, d, nh, T, B, V = s["L"], s["d"], s["nh"], s["T"], s["B"], s["V"]
+    x = torch.randint(0, V, (B, T))
+    y = torch.randint(0, V, (B, T))
+    variants = _variants(s, args.only)
+    run_models = {k: torch.compile(m) if args.compile else m for k, m in variants.items()}
+    steppers = {k: _stepper(run_models[k], x, y) for k in variants}
+    first: dict[str, float] = {}
+    for k, st in steppers.items():  # warm-up (the first step compiles under --compile)
+        t = time.perf_counter()
+        st()
+        first[k] = time.perf_counter() - t
+        st()
+
+    clock = time.process_time if args.clock == "process" else time.perf_counter
+    samples: dict[str, list[float]] = {k: [] for k in steppers}
+    for _ in range(args.rounds):
+        for k, st in steppers.items():  # interleaved: machine noise hits every variant alike
+            t = clock()
+            for _ in range(args.steps):
+                st()
+            samples[k].append((clock() - t) / args.steps)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    # Ratios: the median over rounds of each round's ratio (neighbours in time share the load).
+    rel = {k: statistics.median(a / b for a, b in zip(v, samples["pre_ln"]))
+           for k, v in samples.items()}
+    rel_ref = statistics.median(a / b for a, b in zip(samples["pre_ln"], samples["reference"]))
+    compile_s = {k: max(0.0, first[k] - med[k]) for k in med} if args.compile else {}
+
+    pre = variants["pre_ln"]
+    n_params = sum(p.numel() for p in pre.parameters())
+    n_params -= pre.wpe.weight.numel() if hasattr(pre, "wpe") else 0
+    flops_per_step = 6 * n_params * B * T + 12 * L * d * T * B * T  # PaLM appendix B estimate
+
+    print(f"[{name}] GPT {L}x{d}, heads {nh}, T={T}, B={B}, vocab {V}; {args.rounds} "
+          f"interleaved rounds x {args.steps} steps; {args.clock} clock; compile={args.compile}; "
+          f"ratios are medians of per-round ratios")
+    hdr = f"{'variant':<16}{'ms/step':>10}{'vs pre_ln':>11}{'vs reference':>14}"
+    print(hdr + (f"{'compile s':>11}" if compile_s else ""))
+    for k, v in med.items():
+        row = f"{k:<16}{v * 1e3:>10.2f}{rel[k]:>11.3f}{v / med['reference']:>14.3f}"
+        print(row + (f"{compile_s[k]:>11.1f}" if compile_s else ""), flush=True)
+
+    out = {"preln_vs_reference": rel_ref}
+    for k in RATIO_KEYS:
+        out[f"{k}_vs_preln"] = rel.get(k, math.nan)
+    out["preln_ms_per_step"] = med["pre_ln"] * 1e3
+    out["achieved_flops"] = flops_per_step / med["pre_ln"]
+    if compile_s:
+        out["compile_s_preln"] = compile_s["pre_ln"]
+        out["compile_s_spheret_p1"] = compile_s.get("spheret_p1", math.nan)
+        out["compile_s_total"] = sum(compile_s.values())
+    return out
+
+
+def _clean(d: dict) -> dict:
+    return {k: (_clean(v) if isinstance(v, dict) else round(v, 4) if math.isfinite(v) else None)
+            for k, v in d.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--shapes", default="4x128,gpt-debug",
+                    help="comma-separated LxD (with the flags below) or GPT preset names")
+    ap.add_argument("--layers", type=int, default=0, help="(old form) same as --shapes LxD")
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--block", type=int, default=64)
@@ -116,71 +230,30 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="steps per timing sample")
     ap.add_argument("--compile", action="store_true", help="torch.compile every variant")
     ap.add_argument("--only", default="", help="comma-separated variants (default: all)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (0: torch's default; 1 keeps --clock process honest)")
+    ap.add_argument("--clock", choices=("process", "wall"), default="process",
+                    help="process: this process's CPU time, which leaves out the time other "
+                         "programs on a shared machine take (default); wall: elapsed time")
     args = ap.parse_args()
-    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [f"{args.layers}x{args.width}"] if args.layers else args.shapes.split(",")
+    shapes = {n: measure(n, _shape(n, args), args) for n in names}
 
-    L, d, nh, T, B, V = args.layers, args.width, args.heads, args.block, args.batch, args.vocab
-    x = torch.randint(0, V, (B, T))
-    y = torch.randint(0, V, (B, T))
-    variants: dict[str, nn.Module] = {"reference": ReferenceGPT(V, T, L, d, nh)}
-    families = [("pre_ln", {}), ("post_ln", {}), ("peri_ln", {}), ("pre_dyt", {}), ("keel", {}),
-                ("geonorm", {}), ("spheret_p1", {"p": 1.0}), ("spheret_p2", {"p": 2.0}),
-                ("spheret_p0.5", {"p": 0.5})]
-    for label, extra in families:
-        fam = label.split("_p")[0] if label.startswith("spheret") else label
-        cfg = GPTConfig(n_layer=L, n_head=nh, n_embd=d, block_size=T, vocab_size=V,
-                        residual={"family": fam, **extra})
-        variants[label] = build_model(cfg, vocab_size=V)
-    if args.only:
-        keep = set(args.only.split(",")) | {"reference", "pre_ln"}
-        variants = {k: v for k, v in variants.items() if k in keep}
-    run_models = {k: torch.compile(m) if args.compile else m for k, m in variants.items()}
-    steppers = {k: _stepper(run_models[k], x, y) for k in variants}
-    for s in steppers.values():  # warm-up
-        s()
-        s()
-
-    samples: dict[str, list[float]] = {k: [] for k in steppers}
-    for _ in range(args.rounds):
-        for k, s in steppers.items():  # interleaved: machine noise hits every variant alike
-            t = time.perf_counter()
-            for _ in range(args.steps):
-                s()
-            samples[k].append((time.perf_counter() - t) / args.steps)
-    med = {k: statistics.median(v) for k, v in samples.items()}
-
-    n_params = sum(p.numel() for p in variants["pre_ln"].parameters())
-    n_params -= variants["pre_ln"].wpe.weight.numel() if hasattr(variants["pre_ln"], "wpe") else 0
-    flops_per_step = 6 * n_params * B * T + 12 * L * d * T * B * T  # PaLM appendix B estimate
-    mm = _mm_flops()
-    achieved = flops_per_step / med["pre_ln"]
-
-    print(f"GPT {L}x{d}, heads {nh}, T={T}, B={B}, vocab {V}; {args.rounds} interleaved rounds "
-          f"x {args.steps} steps; torch threads {torch.get_num_threads()}; "
-          f"compile={args.compile}")
-    print(f"{'variant':<14}{'ms/step':>10}{'vs pre_ln':>11}{'vs reference':>14}")
-    for k, v in med.items():  # noqa: B007
-        print(f"{k:<14}{v * 1e3:>10.2f}{v / med['pre_ln']:>11.3f}{v / med['reference']:>14.3f}")
-    print(f"achieved {achieved / 1e9:.2f} GFLOP/s vs torch.mm {mm / 1e9:.2f} GFLOP/s "
-          f"(ratio {achieved / mm:.3f})")
-    def ratio(k: str) -> float:
-        return med[k] / med["pre_ln"] if k in med else math.nan
-
-    out = {
-        "compile": float(args.compile),
-        "preln_vs_reference": med["pre_ln"] / med["reference"],
-        "spheret_p1_vs_preln": ratio("spheret_p1"),
-        "spheret_p2_vs_preln": ratio("spheret_p2"),
-        "spheret_p0.5_vs_preln": ratio("spheret_p0.5"),
-        "geonorm_vs_preln": ratio("geonorm"),
-        "post_ln_vs_preln": ratio("post_ln"),
-        "peri_ln_vs_preln": ratio("peri_ln"),
-        "pre_dyt_vs_preln": ratio("pre_dyt"),
-        "keel_vs_preln": ratio("keel"),
-        "mfu_vs_mm": achieved / mm,
-        "preln_ms_per_step": med["pre_ln"] * 1e3,
-    }
-    print(json.dumps({k: (round(v, 4) if math.isfinite(v) else None) for k, v in out.items()}))
+    mm = _mm_flops(time.process_time if args.clock == "process" else time.perf_counter)
+    first = shapes[names[0]]
+    print(f"[{names[0]}] achieved {first['achieved_flops'] / 1e9:.2f} GFLOP/s vs torch.mm "
+          f"{mm / 1e9:.2f} GFLOP/s (ratio {first['achieved_flops'] / mm:.3f}); "
+          f"torch threads {torch.get_num_threads()}")
+    out = {"compile": float(args.compile)}
+    out.update({k: v for k, v in first.items() if k != "achieved_flops"})
+    out["mfu_vs_mm"] = first["achieved_flops"] / mm
+    for n, f in shapes.items():
+        out[f"spheret_p1_vs_preln@{n}"] = f["spheret_p1_vs_preln"]
+    out["shapes"] = {n: {k: v for k, v in f.items() if k != "achieved_flops"}
+                     for n, f in shapes.items()}
+    print(json.dumps(_clean(out)))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from workloads.config import ConfigError, parse_p
 from workloads.geometry.sphere import sphere_step, theta
+from workloads.geometry.sphere_fused import sphere_step_fused
 
 __all__ = [
     "RESIDUALS", "family_params", "make_stream", "ResidualStream",
@@ -305,6 +306,9 @@ class SpheretNorm(ResidualStream):
 
     Params = SpheretParams
     eps = 1e-6
+    # One autograd node with a closed-form backward; sphere.sphere_step is the reference
+    # (same values and gradients, ~20 nodes), kept for tests and A/B timing.
+    step_fn: ClassVar[Callable[..., tuple[Tensor, Tensor]]] = staticmethod(sphere_step_fused)
 
     def __init__(self, params, d, n_layer, norm, bias):
         super().__init__(params, d, n_layer, norm, bias)
@@ -333,7 +337,7 @@ class SpheretNorm(ResidualStream):
     def sublayer(self, k, h, branch):
         u = branch(h if self.inner is None else self.inner[k](h))
         a = self.lam[k] * F.softplus(self.s[k])
-        h_new, beta2 = sphere_step(h, u, a, self.p)
+        h_new, beta2 = self.step_fn(h, u, a, self.p)
         if self.params.guard or self.record_stats:
             hh = (_up(h) ** 2).sum(-1, keepdim=True)
             ratio = ((_up(h_new) ** 2).sum(-1, keepdim=True) / hh).sqrt()  # ||h_new|| / r
