@@ -8,8 +8,10 @@ interleaved round by round (rotating order) so machine load hits them alike; med
     python benchmarks/optimizer_step.py [--rounds 3] [--inner 1] [--threads 1] [--device cpu]
 
 Prints a table, then as the last line one JSON object of ratios against AdamW (gpt-tiny at
-top level, every preset under ``by_preset``). Uses the real GPT when ``workloads.models.gpt``
-imports, else a stand-in with the same trainable shapes.
+top level, every preset under ``by_preset``; e.g. ``stiefel_vs_adamw``) and
+``dual_residual_final`` / ``dual_passes_max``: the worst final dual residual ||H||_F / n and
+pass count over the manifold arms' matrices at their last step. Uses the real GPT when
+``workloads.models.gpt`` imports, else a stand-in with the same trainable shapes.
 """
 
 from __future__ import annotations
@@ -115,7 +117,12 @@ def bench_preset(preset, rounds: int, inner: int, device: torch.device) -> tuple
                 setups[arm].step()
             sync()
             times[arm].append((time.perf_counter() - t0) / inner)
-    return {arm: statistics.median(ts) for arm, ts in times.items()}, source
+    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    # the dual's final residual ||H||_F / n and passes, worst over the manifold arms' matrices
+    health = [row for arm in ARMS for row in setups[arm].health().values()]
+    med["dual_residual_final"] = max((r["dual_residual"] for r in health), default=0.0)
+    med["dual_passes_max"] = max((r["dual_passes"] for r in health), default=0.0)
+    return med, source
 
 
 def main() -> None:
@@ -130,17 +137,20 @@ def main() -> None:
     ratios: dict[str, dict[str, float]] = {}
     t_start = time.perf_counter()
     print(f"torch {torch.__version__}, device {device}, threads {args.threads}, rounds "
-          f"{args.rounds} x {args.inner} steps, dual_steps {OptimConfig().manifold.dual_steps}")
+          f"{args.rounds} x {args.inner} steps, dual_steps {OptimConfig().manifold.dual_steps}, "
+          f"dual {OptimConfig().manifold.dual_method} tol {OptimConfig().manifold.dual_tol}")
     print(f"{'preset':<10} {'arm':<12} {'ms/step':>10} {'x adamw':>8}")
     for label, preset in (("gpt-debug", gpt_debug), ("gpt-tiny", gpt_tiny)):
         med, source = bench_preset(preset, args.rounds, args.inner, device)
         ratios[label] = {f"{arm}_vs_adamw": med[arm] / med["adamw"] for arm in ARMS
                          if arm != "adamw"}
+        ratios[label]["dual_residual_final"] = med.pop("dual_residual_final")
+        ratios[label]["dual_passes_max"] = med.pop("dual_passes_max")
         for arm, t in med.items():
             print(f"{label:<10} {arm:<12} {1e3 * t:>10.2f} {t / med['adamw']:>8.1f}")
         print(f"{'':<10} model: {source}")
     print(f"total {time.perf_counter() - t_start:.0f} s")
-    rounded = {p: {k: round(v, 2) for k, v in r.items()} for p, r in ratios.items()}
+    rounded = {p: {k: float(f"{v:.3g}") for k, v in r.items()} for p, r in ratios.items()}
     print(json.dumps({"preset": "gpt-tiny", **rounded["gpt-tiny"], "by_preset": rounded}))
 
 

@@ -120,8 +120,10 @@ class ManifoldConfig:
     # unconstrained | all_stiefel | all_dgram | hetero | hetero_inv, or {module-pattern: constraint}
     assignment: Any = "unconstrained"
     dual_steps: int = 20
-    dual_lr: float = 0.1
-    dual_tol: float = 0.0
+    dual_lr: float = 0.1  # the gradient methods' step (Paper B: 0.1)
+    dual_tol: float = 1e-6  # stop once ||H||_F / n < tol (docs/science.md §3.2)
+    dual_method: str = "newton"  # newton | relative | absolute (Paper B's, faithful)
+    dual_smooth: float = 1e-3  # newton: mu of sqrt(s^2 + mu^2), relative to ||G||_F = 1
     dgram_retraction: str = "paper_svd_sorted"  # paper_svd_sorted | colnorm_polar
     init_on_manifold: bool = True
 

@@ -272,6 +272,27 @@ def test_state_dict_round_trip_and_health():
     assert build_optimizers(TinyGPT(), muon_cfg("unconstrained")).health() == {}
 
 
+def test_dual_stats_and_rows_exposed_per_matrix():
+    torch.manual_seed(0)
+    model = TinyGPT()
+    x = torch.randint(0, 11, (4, 8))
+    opts = build_optimizers(model, muon_cfg("hetero"))  # default dual: newton, tol 1e-6
+    model(x, x)[1].backward()
+    opts.step()
+    stats = opts.muon.dual_stats()
+    assert [n for n, _, _ in stats] == [n for g in opts.muon.param_groups for n in g["names"]]
+    assert {n for n, _, _ in stats} == set(opts.managed)
+    for _, residual, passes in stats:
+        assert residual < 1e-6 and 1 <= passes <= 20
+    rows = opts.dual_rows(step=7)
+    assert len(rows) == 2 * len(stats)
+    assert {r["metric"] for r in rows} == {"optim/dual_residual", "optim/dual_passes"}
+    row = next(r for r in rows if r["metric"] == "optim/dual_passes" and r["module"] == "qkv")
+    assert set(row) == {"step", "metric", "module", "layer", "next_layer", "value"}
+    assert row["step"] == 7 and row["next_layer"] == -1 and row["layer"] in (0, 1)
+    assert opts.stats()["dual_passes_max"] == max(p for _, _, p in stats)
+
+
 # --- the real model (written by the models room), when present ----------------------------
 
 HAVE_GPT = importlib.util.find_spec("workloads.models.gpt") is not None

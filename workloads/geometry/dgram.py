@@ -42,7 +42,7 @@ def dgram_dualize(
     W: torch.Tensor,
     steps: int = 20,
     lr: float = 0.1,
-    tol: float = 0.0,
+    tol: float = 1e-6,
     msign_fn: Callable[[torch.Tensor], torch.Tensor] = msign,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The DGram Manifold Muon direction: ``gram_dualize`` with P = Off. Returns (A, residual)."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from workloads.geometry.dual import dual_ascent
 from workloads.geometry.msign import msign
 
 __all__ = [
@@ -49,30 +50,14 @@ def gram_dualize(
     project: Callable[[torch.Tensor], torch.Tensor],
     steps: int = 20,
     lr: float = 0.1,
-    tol: float = 0.0,
+    tol: float = 1e-6,
     msign_fn: MsignFn = msign,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dual ascent for max <G, A> s.t. ||A||_2 <= 1, P(W^T A + A^T W) = 0.
-
-    G, W: (..., m, n), m >= n, W on the manifold. Returns ``(A, residual)`` with A (..., m, n)
-    the last primal iterate and ``residual = ||H||_F / n`` (shape (...)) of that same A, where
-    H = P(W^T A + A^T W) is the tangent-space violation (the dual supergradient).
-    ``tol > 0`` stops early once every residual is below it (a host sync per iteration).
-    """
-    _check_tall(W, G)
-    if steps < 1:
-        raise ValueError(f"dual ascent needs steps >= 1, got {steps}")
-    n = W.shape[-1]
-    # Exact in one step for square W: then W Lambda_0 cancels the non-tangent part of G.
-    lam = -0.25 * project(W.mT @ G + G.mT @ W)  # (..., n, n)
-    for k in range(steps):
-        A = msign_fn(G + 2.0 * W @ project(_sym(lam)))
-        H = project(W.mT @ A + A.mT @ W)
-        residual = torch.linalg.matrix_norm(H) / n
-        if tol > 0 and bool((residual < tol).all()):
-            break
-        lam = lam - lr * (1.0 - k / steps) * H
-    return A, residual
+    """The paper's dual ascent (absolute step ``lr``) for max <G, A> s.t. ||A||_2 <= 1,
+    P(W^T A + A^T W) = 0; returns ``(A, residual)``. ``workloads.geometry.dual.dual_ascent``
+    has the scale-invariant methods and the pass counts."""
+    r = dual_ascent(G, W, project, "absolute", steps, lr, tol, msign_fn)
+    return r.A, r.residual
 
 
 def stiefel_dualize(
@@ -80,7 +65,7 @@ def stiefel_dualize(
     W: torch.Tensor,
     steps: int = 20,
     lr: float = 0.1,
-    tol: float = 0.0,
+    tol: float = 1e-6,
     msign_fn: MsignFn = msign,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Stiefel Manifold Muon direction (P = identity); see ``gram_dualize``."""

@@ -202,6 +202,8 @@ class MetricsCollector:
         stats = getattr(self.optimizers, "stats", None)
         if callable(stats):
             scalars.update({f"optim/{k}": float(v) for k, v in stats().items()})
+        dual_rows = getattr(self.optimizers, "dual_rows", None)  # optim/dual_* per matrix
+        rows += dual_rows(step) if callable(dual_rows) else []
         scalars["metrics/time_s"] = time.perf_counter() - t0
         return rows, scalars
 

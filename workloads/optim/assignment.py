@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from workloads.config import ConfigError
+from workloads.geometry.manifolds import MANIFOLDS
 
 __all__ = [
     "CONSTRAINTS",
@@ -25,7 +26,7 @@ __all__ = [
     "resolve_assignment",
 ]
 
-CONSTRAINTS = ("none", "stiefel", "dgram")
+CONSTRAINTS = tuple(MANIFOLDS)  # registry keys: a new manifold is a valid choice at once
 # Hidden matrices go to Muon; io matrices (roles in/out) and embeddings stay on AdamW.
 _ATTENTION_ROLES = frozenset({"qkv", "q", "k", "v", "o"})
 _MLP_ROLES = frozenset({"fc", "proj", "gate", "up", "down", "hidden"})

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from workloads.config import ConfigError, OptimConfig
-from workloads.geometry.dgram import dgram_retract
-from workloads.geometry.stiefel import stiefel_retract
+from workloads.geometry.dual import DUAL_METHODS
+from workloads.geometry.manifolds import MANIFOLDS, get_manifold
 from workloads.optim.assignment import MUON_ROLES, matrix_kind, resolve_assignment
 from workloads.optim.muon import Muon
 
@@ -97,8 +97,9 @@ class Optimizers:
         return {name: m.constraint for name, m in self.managed.items()}
 
     def health(self) -> dict[str, dict[str, float]]:
-        """Per manifold matrix (after its first step): last dual residual ||H||_F / n and
-        retraction displacement ||R(W') - W'||_F / ||W'||_F (SCIENCE.md 3.5, item 7)."""
+        """Per manifold matrix (after its first step): last dual residual ||H||_F / n, the
+        dual passes it took, and the retraction displacement ||R(W') - W'||_F / ||W'||_F
+        (docs/science.md §3.5, item 7)."""
         if self.muon is None:
             return {}
         names, vals = [], []
@@ -107,22 +108,37 @@ class Optimizers:
                 st = self.muon.state.get(p, {})
                 if "dual_residual" in st:
                     names.append(name)
-                    vals.append(torch.stack([st["dual_residual"], st["retraction_displacement"]]))
+                    vals.append(torch.stack([st["dual_residual"].double(),
+                                             st["retraction_displacement"].double(),
+                                             st["dual_passes"].double()]))
         if not vals:
             return {}
         rows = torch.stack(vals).float().cpu().tolist()  # one host sync for all matrices
         return {
             n: {"constraint": self.managed[n].constraint if n in self.managed else "",
-                "dual_residual": r[0], "retraction_displacement": r[1]}
+                "dual_residual": r[0], "retraction_displacement": r[1], "dual_passes": r[2]}
             for n, r in zip(names, rows)
         }
 
+    def dual_rows(self, step: int) -> list[dict[str, Any]]:
+        """Tidy rows (docs/contracts.md) ``optim/dual_residual`` and ``optim/dual_passes`` per
+        manifold matrix: module = its role, layer = its layer, next_layer = -1."""
+        rows: list[dict[str, Any]] = []
+        for name, row in self.health().items():
+            m = self.managed.get(name)
+            for key in ("dual_residual", "dual_passes"):
+                rows.append({"step": step, "metric": f"optim/{key}",
+                             "module": m.role if m else name, "layer": m.layer if m else -1,
+                             "next_layer": -1, "value": float(row[key])})
+        return rows
+
     def stats(self) -> dict[str, float]:
         """``health()`` flattened for scalar logging (the metrics collector prefixes ``optim/``):
-        ``dual_residual/<name>``, ``retraction_displacement/<name>`` and their ``_max``."""
+        ``dual_residual/<name>``, ``dual_passes/<name>``, ``retraction_displacement/<name>`` and
+        their ``_max``."""
         out: dict[str, float] = {}
         for name, row in self.health().items():
-            for key in ("dual_residual", "retraction_displacement"):
+            for key in ("dual_residual", "dual_passes", "retraction_displacement"):
                 out[f"{key}/{name}"] = row[key]
                 out[f"{key}_max"] = max(out.get(f"{key}_max", 0.0), row[key])
         return out
@@ -157,10 +173,7 @@ def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
 def _retract(W: torch.Tensor, constraint: str, dgram_retraction: str, exact: bool) -> torch.Tensor:
     transposed = W.shape[-2] < W.shape[-1]
     T = W.mT if transposed else W
-    if constraint == "stiefel":
-        T = stiefel_retract(T, "svd" if exact else "msign")
-    else:
-        T = dgram_retract(T, dgram_retraction, "svd" if exact else "polar_express")
+    T = get_manifold(constraint).retract(T, exact=exact, retraction=dgram_retraction)
     return T.mT if transposed else T
 
 
@@ -175,6 +188,12 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
     if cfg.name == "muon":
         if mf.dual_steps < 1:
             raise ConfigError(f"optim.manifold.dual_steps: must be >= 1, got {mf.dual_steps!r}")
+        if mf.dual_method not in DUAL_METHODS:
+            raise ConfigError(f"optim.manifold.dual_method: {mf.dual_method!r} is not one of "
+                              f"{', '.join(DUAL_METHODS)}")
+        if not mf.dual_tol >= 0 or not mf.dual_smooth >= 0:
+            raise ConfigError("optim.manifold.dual_tol / dual_smooth: must be >= 0, got "
+                              f"{mf.dual_tol!r} / {mf.dual_smooth!r}")
         trainable_ids = {id(p) for p in named.values()}
         roles = [r for r in model.matrix_roles()
                  if r.role in MUON_ROLES and id(r.param) in trainable_ids]
@@ -186,12 +205,13 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
             m, n = r.param.shape
             managed[r.name] = ManagedMatrix(r.name, r.role, r.layer, matrix_kind(r),
                                             constraints[r.name], (m, n), m < n)
-        for c in ("none", "stiefel", "dgram"):
+        for c in MANIFOLDS:
             members = [r for r in roles if constraints[r.name] == c]
             if members:
                 muon_groups.append({
                     "params": [r.param for r in members], "names": [r.name for r in members],
-                    "constraint": c, "weight_decay": mu.weight_decay if c == "none" else 0.0,
+                    "constraint": c,
+                    "weight_decay": 0.0 if MANIFOLDS[c].constrained else mu.weight_decay,
                 })
     muon_ids = {id(p) for g in muon_groups for p in g["params"]}
     rest = [p for p in named.values() if id(p) not in muon_ids]
@@ -211,13 +231,14 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
             muon_groups, lr=mu.lr, momentum=mu.momentum, nesterov=mu.nesterov,
             momentum_form=mu.momentum_form, msign=mu.msign, shape_scale=mu.shape_scale,
             dual_steps=mf.dual_steps, dual_lr=mf.dual_lr, dual_tol=mf.dual_tol,
-            dgram_retraction=mf.dgram_retraction,
+            dgram_retraction=mf.dgram_retraction, dual_method=mf.dual_method,
+            dual_smooth=mf.dual_smooth,
         )
     # --- init_on_manifold: start every constrained matrix on its manifold (Paper B) ----------
     if muon is not None and mf.init_on_manifold:
         with torch.no_grad():
             for g in muon.param_groups:
-                if g["constraint"] == "none":
+                if not MANIFOLDS[g["constraint"]].constrained:
                     continue
                 for p in g["params"]:
                     W = _retract(p.float(), g["constraint"], mf.dgram_retraction,

@@ -4,8 +4,9 @@ One optimizer class; every param group carries a ``constraint``:
 
 - ``none``: Muon, W <- (1 - eta wd) W - eta s msign(G~) (Paper B's UNCONSTRAINED arm; s = 1, or
   sqrt(max(1, m/n)) with ``shape_scale`` as in Keller Jordan's Muon);
-- ``stiefel`` / ``dgram``: Manifold Muon in tall form (wide matrices transposed), A from the
-  Gram-space dual ascent, W' = W - eta A, then the retraction; no weight decay.
+- a constrained ``MANIFOLDS`` entry (``stiefel``, ``dgram``): Manifold Muon in tall form (wide
+  matrices transposed), A from the manifold's dual ascent, W' = W - eta A, then its retraction;
+  no weight decay.
 
 Same-shape matrices of a group are stacked and updated as one batch (..., m, n): the math is the
 per-matrix math, with ~1/B the kernel launches. The pure functions do the math; the class loops.
@@ -13,16 +14,14 @@ per-matrix math, with ~1/B the kernel launches. The pure functions do the math; 
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import defaultdict
 from typing import Any
 
 import torch
 
-from workloads.geometry.dgram import dgram_dualize, dgram_retract
+from workloads.geometry.manifolds import DualOptions, get_manifold
 from workloads.geometry.msign import msign
-from workloads.geometry.stiefel import stiefel_dualize, stiefel_retract
 
 __all__ = ["Muon", "muon_direction", "muon_update", "manifold_muon_step"]
 
@@ -60,39 +59,39 @@ def manifold_muon_step(
     constraint: str,
     dual_steps: int = 20,
     dual_lr: float = 0.1,
-    dual_tol: float = 0.0,
+    dual_tol: float = 1e-6,
     msign_method: str = "polar_express",
     dgram_retraction: str = "paper_svd_sorted",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dual_method: str = "newton",
+    dual_smooth: float = 1e-3,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Manifold Muon step for W, G (..., m, n), any orientation (wide ones go tall inside).
 
-    Returns ``(W_new, dual_residual, displacement)``; the last two have shape (...):
-    residual ||H||_F / n of the final dual iterate and ||R(W') - W'||_F / ||W'||_F.
+    Returns ``(W_new, dual_residual, dual_passes, displacement)``, the last three of shape
+    (...): residual ||H||_F / n of the final dual iterate, the passes it took, and
+    ||R(W') - W'||_F / ||W'||_F.
     """
+    manifold = get_manifold(constraint)
+    if not manifold.constrained:
+        raise ValueError(f"constraint {constraint!r} has no manifold step (plain Muon)")
     transposed = W.shape[-2] < W.shape[-1]
     if transposed:
         W, G = W.mT, G.mT
-    msign_fn = functools.partial(msign, method=msign_method)
-    exact = msign_method == "svd"  # NS5 is not a retraction (its singular values are not 1)
-    if constraint == "stiefel":
-        A, residual = stiefel_dualize(G, W, dual_steps, dual_lr, dual_tol, msign_fn)
-        W1 = W - lr * A
-        W2 = stiefel_retract(W1, method="svd" if exact else "msign")
-    elif constraint == "dgram":
-        A, residual = dgram_dualize(G, W, dual_steps, dual_lr, dual_tol, msign_fn)
-        W1 = W - lr * A
-        W2 = dgram_retract(W1, dgram_retraction, "svd" if exact else "polar_express")
-    else:
-        raise ValueError(f"constraint {constraint!r} is not one of stiefel, dgram")
+    opts = DualOptions(dual_method, dual_steps, dual_lr, dual_tol, dual_smooth, msign_method)
+    dual = manifold.dualize(G, W, opts)
+    W1 = W - lr * dual.A
+    # NS5 is not a retraction (its singular values are not 1), so it maps to Polar Express.
+    W2 = manifold.retract(W1, exact=msign_method == "svd", retraction=dgram_retraction)
     displacement = torch.linalg.matrix_norm(W2 - W1) / torch.linalg.matrix_norm(W1)
-    return (W2.mT if transposed else W2), residual, displacement
+    return (W2.mT if transposed else W2), dual.residual, dual.passes, displacement
 
 
 class Muon(torch.optim.Optimizer):
     """Muon / Manifold Muon over 2-d matrices; each group has ``constraint`` and ``names``.
 
     ``self.state[p]`` keeps ``momentum_buffer`` and, for manifold groups, the last
-    ``dual_residual`` and ``retraction_displacement`` (0-d tensors; no host sync per step).
+    ``dual_residual``, ``dual_passes`` and ``retraction_displacement`` (0-d tensors; no host
+    sync per step). ``dual_stats()`` reads them back.
     """
 
     def __init__(
@@ -107,19 +106,21 @@ class Muon(torch.optim.Optimizer):
         shape_scale: bool = False,
         dual_steps: int = 20,
         dual_lr: float = 0.1,
-        dual_tol: float = 0.0,
+        dual_tol: float = 1e-6,
         dgram_retraction: str = "paper_svd_sorted",
+        dual_method: str = "newton",
+        dual_smooth: float = 1e-3,
     ) -> None:
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, momentum_form=momentum_form,
             msign=msign, weight_decay=weight_decay, shape_scale=shape_scale,
             dual_steps=dual_steps, dual_lr=dual_lr, dual_tol=dual_tol,
-            dgram_retraction=dgram_retraction, constraint="none", names=None,
+            dgram_retraction=dgram_retraction, dual_method=dual_method, dual_smooth=dual_smooth,
+            constraint="none", names=None,
         )
         super().__init__(params, defaults)
         for group in self.param_groups:
-            if group["constraint"] not in ("none", "stiefel", "dgram"):
-                raise ValueError(f"constraint {group['constraint']!r} is not none/stiefel/dgram")
+            get_manifold(group["constraint"])  # one-line ValueError naming the valid ones
             if group["names"] is None:
                 group["names"] = [f"param{i}" for i in range(len(group["params"]))]
             for p in group["params"]:
@@ -154,7 +155,7 @@ class Muon(torch.optim.Optimizer):
             ps = [p for p, _ in items]
             D = torch.stack([d for _, d in items])  # (B, m, n)
             # --- unconstrained Muon ----------------------------------------------------------
-            if constraint == "none":
+            if not get_manifold(constraint).constrained:
                 U = muon_update(D, group["msign"], group["shape_scale"])
                 for i, p in enumerate(ps):
                     if group["weight_decay"]:
@@ -163,11 +164,28 @@ class Muon(torch.optim.Optimizer):
                 continue
             # --- Manifold Muon ---------------------------------------------------------------
             W = torch.stack([p.float() for p in ps])
-            W_new, residual, displacement = manifold_muon_step(
+            W_new, residual, passes, displacement = manifold_muon_step(
                 W, D, lr, constraint, group["dual_steps"], group["dual_lr"],
                 group["dual_tol"], group["msign"], group["dgram_retraction"],
+                group["dual_method"], group["dual_smooth"],
             )
             for i, p in enumerate(ps):
                 p.copy_(W_new[i].to(p.dtype))
                 self.state[p]["dual_residual"] = residual[i].detach()
+                self.state[p]["dual_passes"] = passes[i].detach()
                 self.state[p]["retraction_displacement"] = displacement[i].detach()
+
+    def dual_stats(self) -> list[tuple[str, float, int]]:
+        """``(name, dual residual, passes)`` of each manifold matrix's last step (one sync)."""
+        names, vals = [], []
+        for group in self.param_groups:
+            for name, p in zip(group["names"], group["params"]):
+                st = self.state.get(p, {})
+                if "dual_residual" in st:
+                    names.append(name)
+                    vals.append(torch.stack([st["dual_residual"].double(),
+                                             st["dual_passes"].double()]))
+        if not vals:
+            return []
+        rows = torch.stack(vals).cpu().tolist()
+        return [(n, r, int(k)) for n, (r, k) in zip(names, rows)]
