@@ -75,7 +75,11 @@ class MLPConfig:
     skip: bool = True  # the residual connection (False: the NoRes arm)
     activation: str = "relu"  # relu | gelu | silu | none | radial | radial_rms
     norm: str = "none"  # none | layernorm | rmsnorm  (applied to the block input)
-    init_scale: float = 1.0  # hidden W ~ N(0, init_scale^2 / width)
+    # hidden W ~ N(0, (init_scale * c)^2 / width): c = 1/sqrt(depth) with the skip, the He-style
+    # gain of the activation without it (init "depth_scaled"), or c = 1 (init "fan_in", the
+    # pre-fix init whose stream grows ~2^depth/2-fold); so init_scale is relative to the default
+    init: str = "depth_scaled"  # depth_scaled | fan_in
+    init_scale: float = 1.0
 
 
 ModelConfig = GPTConfig | MLPConfig
@@ -399,6 +403,7 @@ _CHOICES = {
 _MLP_CHOICES = {
     "model.activation": ("relu", "gelu", "silu", "none", "radial", "radial_rms"),
     "model.norm": ("none", "layernorm", "rmsnorm"),
+    "model.init": ("depth_scaled", "fan_in"),
 }
 
 
