@@ -129,10 +129,13 @@ class ManifoldConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"  # adamw | muon  (muon: hidden matrices on Muon/Manifold Muon, rest AdamW)
+    # adamw | muon | sgd  (muon: hidden matrices on Muon/Manifold Muon, rest AdamW; sgd: SGD with
+    # momentum for everything, the rotation-equivariant control of docs/science.md §4.5)
+    name: str = "adamw"
     lr: float = 1e-3
     beta1: float = 0.9
-    beta2: float = 0.95
+    beta2: float = 0.95  # 0 is allowed: Adam's step becomes m_hat / (|g| + eps), sign-like
+    sgd_momentum: float = 0.9  # sgd only (heavy ball, dampening 0)
     eps: float = 1e-8
     weight_decay: float = 0.1
     warmup_steps: int = 20
@@ -393,7 +396,7 @@ def apply_overrides(cfg: WorkloadConfig, overrides: dict[str, Any]) -> WorkloadC
 
 _CHOICES = {
     "data.tokenizer": ("gpt2", "char", "none"),
-    "optim.name": ("adamw", "muon"),
+    "optim.name": ("adamw", "muon", "sgd"),
     "optim.schedule": ("cosine", "constant"),
     "optim.muon.momentum_form": ("sum", "ema"),
     "optim.muon.msign": ("polar_express", "ns5", "svd"),
@@ -422,6 +425,10 @@ def validate(cfg: WorkloadConfig) -> WorkloadConfig:
         v = flat[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v:
             raise ConfigError(f"{key}: must be > 0, got {v!r}")
+    for key in ("optim.beta1", "optim.beta2", "optim.sgd_momentum"):
+        v = flat[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+            raise ConfigError(f"{key}: must be in [0, 1), got {v!r}")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {cfg.data.val_fraction!r}")
     for key in ("train.eval_every", "train.metrics_every", "train.checkpoint_every",
