@@ -172,6 +172,9 @@ class MetricsConfig:
     probe_batch: int = 4
     probe_len: int = 0  # 0: block_size (capped at 256)
     coherence: bool = True  # gradient coherence (instantaneous and cumulative)
+    # fixed validation batches for gradient continuity (gp.*, Paper C's M1 on dL/dW_l) at step 0
+    # and every metrics step: one forward/backward and one batched SVD each; 0 turns it off
+    grad_probes: int = 0
     instability: bool = True
 
 
@@ -233,6 +236,7 @@ def mlp_debug() -> WorkloadConfig:
         optim=OptimConfig(lr=1e-3, beta2=0.999, weight_decay=0.0, warmup_steps=0,
                           schedule="constant", grad_clip=0.0),
         train=TrainConfig(steps=30, batch_size=64, eval_every=10, eval_iters=2, metrics_every=10),
+        metrics=MetricsConfig(grad_probes=2),
     )
 
 
@@ -246,6 +250,7 @@ def mlp_mnist() -> WorkloadConfig:
                           schedule="constant", grad_clip=0.0),
         train=TrainConfig(steps=4690, epochs=10, batch_size=128, eval_every=500, eval_iters=20,
                           metrics_every=50),
+        metrics=MetricsConfig(grad_probes=4),
     )
 
 
@@ -432,7 +437,7 @@ def validate(cfg: WorkloadConfig) -> WorkloadConfig:
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {cfg.data.val_fraction!r}")
     for key in ("train.eval_every", "train.metrics_every", "train.checkpoint_every",
-                "optim.warmup_steps", "train.epochs"):
+                "optim.warmup_steps", "train.epochs", "metrics.grad_probes"):
         if flat[key] < 0:
             raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")
     dev = cfg.train.device
