@@ -78,7 +78,11 @@ class MLPConfig:
     skip: bool = True  # the residual connection (False: the NoRes arm)
     activation: str = "relu"  # relu | gelu | silu | none | radial | radial_rms
     norm: str = "none"  # none | layernorm | rmsnorm  (applied to the block input)
-    init_scale: float = 1.0  # hidden W ~ N(0, init_scale^2 / width)
+    # hidden W ~ N(0, (init_scale * c)^2 / width): c = 1/sqrt(depth) with the skip, the He-style
+    # gain of the activation without it (init "depth_scaled"), or c = 1 (init "fan_in", the
+    # pre-fix init whose stream grows ~2^depth/2-fold); so init_scale is relative to the default
+    init: str = "depth_scaled"  # depth_scaled | fan_in
+    init_scale: float = 1.0
 
 
 ModelConfig = GPTConfig | MLPConfig
@@ -130,10 +134,13 @@ class ManifoldConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"  # adamw | muon  (muon: hidden matrices on Muon/Manifold Muon, rest AdamW)
+    # adamw | muon | sgd  (muon: hidden matrices on Muon/Manifold Muon, rest AdamW; sgd: SGD with
+    # momentum for everything, the rotation-equivariant control of docs/science.md §4.5)
+    name: str = "adamw"
     lr: float = 1e-3
     beta1: float = 0.9
-    beta2: float = 0.95
+    beta2: float = 0.95  # 0 is allowed: Adam's step becomes m_hat / (|g| + eps), sign-like
+    sgd_momentum: float = 0.9  # sgd only (heavy ball, dampening 0)
     eps: float = 1e-8
     weight_decay: float = 0.1
     warmup_steps: int = 20
@@ -170,6 +177,9 @@ class MetricsConfig:
     probe_batch: int = 4
     probe_len: int = 0  # 0: block_size (capped at 256)
     coherence: bool = True  # gradient coherence (instantaneous and cumulative)
+    # fixed validation batches for gradient continuity (gp.*, Paper C's M1 on dL/dW_l) at step 0
+    # and every metrics step: one forward/backward and one batched SVD each; 0 turns it off
+    grad_probes: int = 0
     instability: bool = True
 
 
@@ -231,6 +241,7 @@ def mlp_debug() -> WorkloadConfig:
         optim=OptimConfig(lr=1e-3, beta2=0.999, weight_decay=0.0, warmup_steps=0,
                           schedule="constant", grad_clip=0.0),
         train=TrainConfig(steps=30, batch_size=64, eval_every=10, eval_iters=2, metrics_every=10),
+        metrics=MetricsConfig(grad_probes=2),
     )
 
 
@@ -244,6 +255,7 @@ def mlp_mnist() -> WorkloadConfig:
                           schedule="constant", grad_clip=0.0),
         train=TrainConfig(steps=4690, epochs=10, batch_size=128, eval_every=500, eval_iters=20,
                           metrics_every=50),
+        metrics=MetricsConfig(grad_probes=4),
     )
 
 

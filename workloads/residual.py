@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workloads.config import ConfigError, parse_p
-from workloads.geometry.sphere import sphere_step, theta
+from workloads.geometry.sphere import theta
 from workloads.geometry.sphere_fused import sphere_step_fused
 
 __all__ = [

@@ -73,6 +73,7 @@ class Data:
     items_per_batch: int  # tokens (LM) or samples (MLP) per micro-batch per rank
     steps_per_epoch: int | None = None
     probe: Any = None  # a fixed input batch for the instability probe
+    grad_probes: list = field(default_factory=list)  # fixed (x, y) batches for gradient metrics
 
 
 def build_data(cfg: WorkloadConfig, rank: int = 0, world_size: int = 1) -> Data:
@@ -88,7 +89,8 @@ def build_data(cfg: WorkloadConfig, rank: int = 0, world_size: int = 1) -> Data:
         val = [(xs[i:i + t.batch_size], ys[i:i + t.batch_size])
                for i in range(0, n_eval, t.batch_size)]
         return Data(batcher, {"val": val}, None, t.batch_size,
-                    steps_per_epoch=batcher.steps_per_epoch, probe=val[0][0])
+                    steps_per_epoch=batcher.steps_per_epoch, probe=val[0][0],
+                    grad_probes=val[:cfg.metrics.grad_probes])
     tokens = wdata.load_tokens(cfg.data)
     block = cfg.model.block_size
     batcher = wdata.TokenBatcher(tokens.train, t.batch_size, block, seed=t.seed, rank=rank,
@@ -96,7 +98,8 @@ def build_data(cfg: WorkloadConfig, rank: int = 0, world_size: int = 1) -> Data:
     val = wdata.eval_batches(tokens.val, t.eval_iters, t.batch_size, block)
     probe_len = min(block, cfg.metrics.probe_len or block, 256)
     probe_x = val[0][0][: cfg.metrics.probe_batch, :probe_len]
-    return Data(batcher, {"val": val}, tokens.vocab_size, t.batch_size * block, probe=probe_x)
+    return Data(batcher, {"val": val}, tokens.vocab_size, t.batch_size * block, probe=probe_x,
+                grad_probes=val[:cfg.metrics.grad_probes])
 
 
 def _seed_everything(seed: int) -> None:
@@ -182,7 +185,9 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
         from workloads.metrics.collect import MetricsCollector
 
         probe = data.probe.to(device) if data.probe is not None else None
-        collector = MetricsCollector(model, cfg.metrics, probe_batch=probe, optimizers=opts)
+        grad_probes = [(x.to(device), y.to(device)) for x, y in data.grad_probes]
+        collector = MetricsCollector(model, cfg.metrics, probe_batch=probe, optimizers=opts,
+                                     grad_probes=grad_probes)
     svd_every = cfg.metrics.svd_every or t.metrics_every
 
     # --- resume ----------------------------------------------------------------------------
@@ -218,6 +223,7 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
         return str(save_checkpoint(checkpoint_dir, step, state))
 
     # --- train -----------------------------------------------------------------------------
+    init_rows = collector.init_rows() if collector is not None and start_step == 0 else []
     params = [p for p in model.parameters() if p.requires_grad]
     signals = None  # health signals for the monitor (workloads/metrics/signals.py)
     if monitor is not None:
@@ -237,7 +243,8 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
     t_window, items_window = t0, 0
     model.train()
     step = start_step
-    pending_rows: list[dict] = []  # metric rows collected since the last report
+    # metric rows collected since the last report; first every metric at init (step 0)
+    pending_rows: list[dict] = init_rows
     for step in range(start_step, total_steps):
         lr = lr_at(step, o.lr, total_steps, o.warmup_steps, o.schedule, o.min_lr_ratio)
         opts.set_lr(lr)

@@ -23,7 +23,7 @@ __all__ = ["validate", "choices"]
 _POSITIVE = ("optim.lr", "train.steps", "train.batch_size", "train.eval_iters",
              "train.grad_accum", "optim.muon.lr")
 _NON_NEGATIVE = ("train.eval_every", "train.metrics_every", "train.checkpoint_every",
-                 "optim.warmup_steps", "train.epochs")
+                 "optim.warmup_steps", "train.epochs", "metrics.grad_probes")
 _DEFAULT_ASSIGNMENT = "unconstrained"
 
 
@@ -31,7 +31,7 @@ def choices(cfg: WorkloadConfig) -> dict[str, tuple[str, ...]]:
     """Dotted key -> its valid names, for the keys that take a name (model-dependent)."""
     out = {
         "data.tokenizer": ("gpt2", "char", "none"),
-        "optim.name": ("adamw", "muon"),
+        "optim.name": ("adamw", "muon", "sgd"),
         "optim.schedule": ("cosine", "constant"),
         "optim.muon.momentum_form": ("sum", "ema"),
         "optim.muon.msign": tuple(MSIGN_METHODS),
@@ -41,6 +41,7 @@ def choices(cfg: WorkloadConfig) -> dict[str, tuple[str, ...]]:
     if not isinstance(cfg.model, GPTConfig):
         out["model.activation"] = tuple(ACTIVATIONS)
         out["model.norm"] = tuple(NORMS)
+        out["model.init"] = ("depth_scaled", "fan_in")
     return out
 
 
@@ -61,6 +62,10 @@ def _check_numbers(cfg: WorkloadConfig, flat: dict[str, Any]) -> None:
         v = flat[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v:
             raise ConfigError(f"{key}: must be > 0, got {v!r}")
+    for key in ("optim.beta1", "optim.beta2", "optim.sgd_momentum"):
+        v = flat[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+            raise ConfigError(f"{key}: must be in [0, 1), got {v!r}")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {cfg.data.val_fraction!r}")
     for key in _NON_NEGATIVE:

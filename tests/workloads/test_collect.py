@@ -160,7 +160,7 @@ def test_rows_schema_and_identical_layers_give_one():
     assert _by(rows, "w.s1_s2")[(0, -1)] == pytest.approx(float(s[0] / s[1]), rel=1e-5)
     assert all(v == pytest.approx(1.0, rel=1e-6) for v in _by(rows, "w.sigma_growth").values())
     assert not _by(rows, "dw.top1_v") and not _by(rows, "cg.coh")  # nothing moved yet
-    assert scalars["cont/v1_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert scalars["cont/resid_top1_mean"] == pytest.approx(1.0, abs=1e-4)
     assert scalars["cont/svd_exact"] == 1.0 and {r["step"] for r in rows} == {5}
 
 
@@ -305,7 +305,7 @@ def test_stand_in_gpt_qkv_split_and_instability_rows():
     ref_viol = I.dgram_violation(m.blocks[1].fc.weight.detach())
     assert _by(rows, "inst.dgram_viol", "fc")[(1, -1)] == pytest.approx(float(ref_viol), rel=1e-5)
     for key in ("inst/max_logit", "inst/sigma_max_q", "inst/kappa_max", "inst/entropy_min",
-                "cont/v1_mean", "cont/grad_coherence_mean", "metrics/time_s"):
+                "cont/resid_top1_mean", "cont/grad_coherence_mean", "metrics/time_s"):
         assert math.isfinite(sc[key]), key
     assert sc["inst/sigma_max_q"] == pytest.approx(float(I.sigma_max(Wq).max()), rel=1e-5)
     assert sc["inst/kappa_max"] == pytest.approx(float(kappa.max()), rel=1e-5)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from orchestrator.divergence import DivergenceMonitor, DivergenceRules
+
 from workloads.config import PRESETS, apply_overrides, validate
 from workloads.metrics.collect import MetricsCollector
 from workloads.metrics.signals import StepSignals

@@ -14,9 +14,20 @@ Row names (``metric``); pair rows have ``next_layer = layer + 1``, per-layer row
   ``RESIDUAL_SIDES[role]`` says which side is the residual stream (the rest is the control).
 - ``{src}.sub{k}_{v|u}``  M2 top-k overlap (k < min(m, n)); ``base.sub{k}_{v|u}`` = k/n.
 - ``{src}.gram_{in|out}`` and ``..._c`` (isotropy-centred)  M3.
-- ``g.coh`` (last step) and ``g.coh_mean`` (mean since the previous collect)  M5 instantaneous;
-  ``cg.coh``, ``dw.coh`` cumulative / update coherence. The first collect also returns
-  ``g.coh`` rows at step 0 (coherence at initialisation).
+- ``g.coh`` (last step) and ``g.coh_mean`` (mean since the previous collect)  M5 instantaneous,
+  the *signed* Frobenius cosine; ``cg.coh``, ``dw.coh`` cumulative / update coherence. The first
+  collect also returns ``g.coh`` rows at step 0 (coherence at initialisation).
+- ``gp.top1_{v|u}`` gradient continuity as Paper C measures it: M1 of the top singular vectors
+  of G_l = dL/dW_l on ``grad_probes`` fixed batches, |cos| averaged over the batches;
+  ``gp.s1_s2`` (per layer, mean over batches) says whether those vectors are well defined,
+  ``gp.loss`` (model-wide) the mean probe loss, ``gp.ritz_res`` the cheap path's residual.
+- ``{w|gp}.dist_top1_{v|u}`` M1 at layer distance d in 1, 2, 5, 10 (``next_layer = layer + d``;
+  d = 1 repeats ``top1``): real continuity decays with d. ``{w|gp}.ones_{v|u}`` (per layer)
+  |cos| of the top vector with the all-ones direction, the NoRes artefact control (§4.5).
+- ``w.self_{v|u}`` M7 |cos| of a layer's top vector with its own at the previous collect;
+  ``w.self0_{v|u}`` the same against init. All |cos| rows share ``base.top1``'s baseline.
+- ``act.stream_norm`` (module "", layer l = 0..depth: mean ||h_l|| on the probe batch) and
+  ``act.stream_growth`` (||h_L|| / ||h_0||), for models with ``stream_norms(x)`` (the MLP).
 - per layer: ``w.s1_s2``, ``w.sigma_max``, ``w.fro``, ``w.sigma_growth`` (s1 / s1 at init),
   ``w.rel_change_fro``, ``w.rel_change_spec`` (M6), ``w.ritz_res`` (cheap path only).
 - ``inst.*`` (module ``attn``, per layer): ``kappa_max``, ``kappa_rope_max``, ``max_logit``,
@@ -36,15 +47,11 @@ from torch import Tensor, nn
 
 from workloads.metrics import continuity as C
 from workloads.metrics import instability as I
+from workloads.metrics import probe as P
+from workloads.metrics.summary import RESIDUAL_SIDES, summarize
 
 __all__ = ["MetricsCollector", "RESIDUAL_SIDES", "STACKED_ROLES"]
 
-# Which singular-vector side reads/writes the residual stream (SCIENCE 4.2); the other is the
-# hidden-side control. The toy MLP's hidden matrices map stream to stream: both sides count.
-RESIDUAL_SIDES: dict[str, str] = {
-    "q": "v", "k": "v", "v": "v", "gate": "v", "up": "v", "fc": "v",
-    "o": "u", "down": "u", "proj": "u", "hidden": "vu",
-}
 STACKED_ROLES = frozenset(RESIDUAL_SIDES) | {"qkv"}
 _SOURCES = ("w", "dw", "cg")
 
@@ -106,8 +113,10 @@ class MetricsCollector:
     warm_iters = 6  # subspace iterations of the cheap path from the previous collect's vectors
 
     def __init__(self, model: nn.Module, metrics_cfg: Any, probe_batch: Tensor | None = None,
-                 optimizers: Any = None) -> None:
+                 optimizers: Any = None,
+                 grad_probes: list[tuple[Tensor, Tensor]] | None = None) -> None:
         self.model, self.cfg, self.probe = model, metrics_cfg, probe_batch
+        self.grad_probes = list(grad_probes or [])  # fixed (x, y) batches for gp.*
         self.optimizers = optimizers
         self.roles = list(model.matrix_roles())
         self.groups = [g for g in _build_groups(self.roles) if len(g.params) > 0]
@@ -127,6 +136,9 @@ class MetricsCollector:
         self.coh_count = 0
         self.n_backward = 0
         self._gen = torch.Generator().manual_seed(0)
+        self.prev_top: dict[str, dict[str, Tensor]] = {}  # label -> side -> (L, dim), M7
+        self.top0: dict[str, dict[str, Tensor]] = {}  # the same at init
+        self.scalars0: dict[str, float] = {}  # init_rows()'s summary, as cont0/*
 
     # --- every step ----------------------------------------------------------------------
 
@@ -187,6 +199,8 @@ class MetricsCollector:
         out: list[tuple[str, str, list[int], bool, Tensor]] = []  # values aligned to layers
         for g in self.groups:
             self._continuity(g, exact_svd, out)
+        self._gradient_probe(out, exact_svd)
+        self._stream(out)
         rows = self._rows(step, out)
         if self.coh_init is not None and step != 0:  # at step 0 the rows above are these
             init: list = []
@@ -196,7 +210,8 @@ class MetricsCollector:
         inst_rows, inst_scalars = self._instability(step) if self.instability else ([], {})
         rows += inst_rows
         self.coh_sum, self.coh_count = {}, 0
-        scalars = self._summary(rows, step)
+        scalars = summarize(rows, step)
+        scalars.update(self.scalars0)
         scalars.update(inst_scalars)
         scalars["cont/svd_exact"] = float(exact_svd)
         stats = getattr(self.optimizers, "stats", None)
@@ -255,6 +270,10 @@ class MetricsCollector:
                 if src != "w":
                     pair(f"{src}.coh", C.cosine_frobenius(X[a], X[b]))
             if src == "w":
+                top = {"v": V[..., 0], "u": U[..., 0]}  # (L, dim)
+                out.extend(P.vector_rows("w", g.label, g.layers,
+                                         {k: y[None] for k, y in top.items()}, adjacent=False))
+                self._self_alignment(g, top, out)
                 self._sigma[g.label] = S[:, 0]
                 layer("w.sigma_max", S[:, 0])
                 layer("w.s1_s2", S[:, 0] / S[:, 1].clamp_min(1e-30))
@@ -270,6 +289,66 @@ class MetricsCollector:
             pair(f"base.sub{k}_v", one * C.random_baseline_subspace(k, n))
             pair(f"base.sub{k}_u", one * C.random_baseline_subspace(k, m))
         self._coherence_rows(self.coh_last, self.coh_sum, out, only=g)
+
+    def _self_alignment(self, g: _Group, top: dict[str, Tensor], out: list) -> None:
+        """M7 against the previous collect (w.self_*) and against init (w.self0_*)."""
+        if g.label not in self.top0:
+            U0, _, V0 = C.top_singular(self.W0[g.label], 1)
+            self.top0[g.label] = {"v": V0[..., 0], "u": U0[..., 0]}
+        for name, ref in (("self", self.prev_top.get(g.label)), ("self0", self.top0[g.label])):
+            if ref is not None:
+                for side, y in top.items():
+                    out.append((f"w.{name}_{side}", g.label, list(g.layers), False,
+                                C.top1_continuity(y, ref[side])))
+        self.prev_top[g.label] = {k: y.clone() for k, y in top.items()}
+
+    def _gradient_probe(self, out: list, exact: bool) -> None:
+        """gp.*: top-1 singular vectors of G_l on every probe batch, batched over (P, L, m, n)
+        per role, M1 averaged over the batches (§4.3 M5, Paper C's form). Exact SVD, or
+        subspace iteration warm-started from the previous collect's vectors (``gp.ritz_res``)."""
+        if not self.grad_probes:
+            return
+        params = list({id(p): p for g in self.groups for p in g.params}.values())
+        index = {id(p): i for i, p in enumerate(params)}
+        grads, losses = P.probe_gradients(self.model, params, self.grad_probes)
+        out.append(("gp.loss", "", [-1], False, losses.mean().reshape(1)))
+        for g in self.groups:
+            per_batch = [[gs[index[id(p)]] for p in g.params] for gs in grads]
+            if any(x is None for b in per_batch for x in b):
+                continue
+            G = torch.stack([torch.stack([C.as_float(g._cut(x)) for x in b]) for b in per_batch])
+            key = f"gp.{g.label}"
+            if exact:
+                U, S, V = C.top_singular(G, min(6, *G.shape[-2:]))  # 6 columns: warm start
+                self.warm[key] = V
+                U, S, V = U[..., :2], S[..., :2], V[..., :2]  # (P, L, m | n, 2), (P, L, 2)
+            else:
+                U, S, V, self.warm[key], res = C.subspace_iteration(
+                    G, 2, self.warm.get(key), max_iters=30, check_every=2, generator=self._gen)
+                out.append(("gp.ritz_res", g.label, list(g.layers), False, res.amax(-1).amax(0)))
+            out.extend(P.vector_rows("gp", g.label, g.layers,
+                                     {"v": V[..., 0], "u": U[..., 0]}, adjacent=True))
+            out.append(("gp.s1_s2", g.label, list(g.layers), False,
+                        (S[..., 0] / S[..., 1].clamp_min(1e-30)).mean(0)))
+
+    def _stream(self, out: list) -> None:
+        """act.stream_norm / act.stream_growth on the probe batch (models with stream_norms)."""
+        fn = getattr(self.model, "stream_norms", None)
+        x = self.probe if self.probe is not None else (
+            self.grad_probes[0][0] if self.grad_probes else None)
+        if fn is None or x is None:
+            return
+        norms = fn(x).float()
+        out.append(("act.stream_norm", "", list(range(len(norms))), False, norms))
+        out.append(("act.stream_growth", "", [-1], False, (norms[-1] / norms[0]).reshape(1)))
+
+    def init_rows(self) -> list[dict]:
+        """Every metric at step 0 (call before the first optimizer step; the loop does): rows
+        of step 0, and the summary scalars kept as ``cont0/*`` in every later ``collect``."""
+        rows, scalars = self.collect(0, exact_svd=True)
+        self.scalars0 = {"cont0/" + k[5:]: v for k, v in scalars.items()
+                         if k.startswith("cont/") and k != "cont/svd_exact"}
+        return rows
 
     def _coherence_rows(self, last: dict, total: dict | None, out: list,
                         only: _Group | None = None) -> None:
@@ -288,32 +367,11 @@ class MetricsCollector:
         rows = []
         for metric, module, layers, pair, values in out:
             for layer, v in zip(layers, values.detach().float().cpu().tolist()):
+                # pair: True (adjacent), an int layer distance d, or False (per layer)
                 rows.append({"step": step, "metric": metric, "module": module, "layer": layer,
-                             "next_layer": layer + 1 if pair else -1, "value": float(v)})
+                             "next_layer": layer + int(pair) if pair else -1,
+                             "value": float(v)})
         return rows
-
-    def _summary(self, rows: list[dict], step: int) -> dict[str, float]:
-        def mean(xs: list[float]) -> float:  # NaN when empty
-            return sum(xs) / len(xs) if xs else float("nan")
-
-        resid, ctrl, gcoh, ccoh, rel = [], [], [], [], []
-        for r in rows:
-            if r["step"] != step:
-                continue
-            name, mod = r["metric"], r["module"]
-            side = RESIDUAL_SIDES.get(mod.split("_")[-1], "")
-            if name in ("w.top1_v", "w.top1_u"):
-                (resid if name[-1] in side else ctrl).append(r["value"])
-            elif name == "g.coh_mean":
-                gcoh.append(r["value"])
-            elif name == "cg.coh":
-                ccoh.append(r["value"])
-            elif name == "w.rel_change_fro":
-                rel.append(r["value"])
-        out = {"cont/v1_mean": mean(resid), "cont/ctrl_mean": mean(ctrl),
-               "cont/grad_coherence_mean": mean(gcoh), "cont/cgrad_coherence_mean": mean(ccoh),
-               "cont/rel_change_mean": mean(rel)}
-        return {k: v for k, v in out.items() if v == v}  # drop empty (NaN) means
 
     # --- instability (SCIENCE 3.5) -------------------------------------------------------
 
@@ -394,7 +452,9 @@ class MetricsCollector:
     def state_dict(self) -> dict:
         return {"W0": self.W0, "sigma0": self.sigma0, "cum": self.cum, "warm": self.warm,
                 "coh_last": self.coh_last, "coh_sum": self.coh_sum, "coh_count": self.coh_count,
-                "coh_init": self.coh_init, "n_backward": self.n_backward}
+                "coh_init": self.coh_init, "n_backward": self.n_backward,
+                "prev_top": dict(self.prev_top), "top0": dict(self.top0),
+                "scalars0": dict(self.scalars0)}
 
     def load_state_dict(self, state: dict) -> None:
         device = next(iter(self.W0.values())).device if self.W0 else torch.device("cpu")
@@ -409,3 +469,6 @@ class MetricsCollector:
         self.coh_count, self.n_backward = state["coh_count"], state["n_backward"]
         init = state.get("coh_init")
         self.coh_init = move(init) if init is not None else None
+        self.prev_top = {k: move(v) for k, v in state.get("prev_top", {}).items()}
+        self.top0 = {k: move(v) for k, v in state.get("top0", {}).items()}
+        self.scalars0 = dict(state.get("scalars0", {}))

@@ -5,8 +5,14 @@
     Block, skip=False:  h <- phi(W_l N(h))          (NoRes)
 
 No biases anywhere (LayerNorm keeps its gain, drops its bias; RMSNorm has no gain, so it stays
-O(d)-equivariant). Init: W_l ~ N(0, init_scale^2 / width) [SCIENCE 4.5]; w_in ~ N(0, 1/d_in)
-and w_out ~ N(0, 1/width) (fan-in, variance preserving) [DESIGN].
+O(d)-equivariant). Init (docs/science.md §4.5, "default init, corrected"):
+W_l ~ N(0, (init_scale * c)^2 / width) with
+- skip (residual arms): c = 1/sqrt(depth), so each block adds ~1/depth to ||h||^2 and the stream
+  grows by a bounded factor (about e^(1/2) for Res+None) instead of 2^(depth/2);
+- no skip (NoRes): c = He's gain sqrt 2 for the ReLU family, which keeps E||h||^2 constant
+  through ReLU blocks (``activation_gain``);
+- ``init="fan_in"``: c = 1, the pre-fix init (first losses in the hundreds at depth 16).
+w_in ~ N(0, 1/d_in) and w_out ~ N(0, 1/width) (fan-in, variance preserving) [DESIGN].
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from torch import Tensor, nn
 from workloads.config import ConfigError, MLPConfig
 from workloads.models.roles import MatrixRole
 
-__all__ = ["ResidualMLP", "Block", "ACTIVATIONS", "NORMS", "radial", "radial_rms", "radial_gate"]
+__all__ = ["ResidualMLP", "Block", "ACTIVATIONS", "NORMS", "radial", "radial_rms", "radial_gate",
+           "INITS", "hidden_init_gain", "activation_gain"]
 
 
 # --- activations (pure functions over the last dim) ---------------------------------------
@@ -55,6 +62,28 @@ NORMS: dict[str, Callable[[int], nn.Module]] = {
     "layernorm": lambda d: nn.LayerNorm(d, eps=1e-5, bias=False),
     "rmsnorm": lambda d: nn.RMSNorm(d, eps=1e-5, elementwise_affine=False),
 }
+
+
+# --- init -------------------------------------------------------------------------------
+
+INITS = ("depth_scaled", "fan_in")
+
+
+def activation_gain(activation: str) -> float:
+    """He-style gain of a NoRes block: sqrt 2 for the ReLU family, 1 otherwise.
+
+    Exact for ReLU (positively homogeneous: E[relu(z)^2] = E[z^2] / 2 at any scale). GELU and
+    SiLU are not homogeneous, so no scale-free gain exists; sqrt 2 is the usual He choice. The
+    identity and the radial activations (gate depends on ||x||, not per coordinate) get 1.
+    """
+    return math.sqrt(2.0) if activation in ("relu", "gelu", "silu") else 1.0
+
+
+def hidden_init_gain(cfg: MLPConfig) -> float:
+    """c of W_l ~ N(0, (init_scale * c)^2 / width), before ``init_scale`` (see the docstring)."""
+    if cfg.init == "fan_in":
+        return 1.0
+    return 1.0 / math.sqrt(cfg.depth) if cfg.skip else activation_gain(cfg.activation)
 
 
 # --- the model ----------------------------------------------------------------------------
@@ -94,6 +123,8 @@ class ResidualMLP(nn.Module):
             )
         if cfg.norm not in NORMS:
             raise ConfigError(f"model.norm: {cfg.norm!r} is not one of {', '.join(NORMS)}")
+        if cfg.init not in INITS:
+            raise ConfigError(f"model.init: {cfg.init!r} is not one of {', '.join(INITS)}")
         self.cfg = cfg
         self.w_in = nn.Linear(cfg.d_in, cfg.width, bias=False)
         self.blocks = nn.ModuleList(
@@ -105,9 +136,10 @@ class ResidualMLP(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         c = self.cfg
+        std = c.init_scale * hidden_init_gain(c) / math.sqrt(c.width)
         nn.init.normal_(self.w_in.weight, std=1.0 / math.sqrt(c.d_in))
         for b in self.blocks:
-            nn.init.normal_(b.fc.weight, std=c.init_scale / math.sqrt(c.width))
+            nn.init.normal_(b.fc.weight, std=std)
             if isinstance(b.norm, nn.LayerNorm):
                 nn.init.ones_(b.norm.weight)
         nn.init.normal_(self.w_out.weight, std=1.0 / math.sqrt(c.width))
@@ -119,6 +151,16 @@ class ResidualMLP(nn.Module):
         logits = self.w_out(h)  # (B, n_classes)
         loss = F.cross_entropy(logits, targets) if targets is not None else None
         return logits, loss
+
+    @torch.no_grad()
+    def stream_norms(self, x: Tensor) -> Tensor:
+        """Mean over the batch of ||h_l||, l = 0 (after w_in) .. depth: (depth + 1,)."""
+        h = self.w_in(x.flatten(1))
+        norms = [h.norm(dim=-1).mean()]
+        for block in self.blocks:
+            h = block(h)
+            norms.append(h.norm(dim=-1).mean())
+        return torch.stack(norms)
 
     def matrix_roles(self) -> list[MatrixRole]:
         """w_in (role in, layer -1), blocks.{i}.fc (hidden, layer i), w_out (out, layer depth)."""

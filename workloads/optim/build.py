@@ -179,8 +179,8 @@ def _retract(W: torch.Tensor, constraint: str, dgram_retraction: str, exact: boo
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
     """AdamW (+ Muon over the hidden matrices when ``cfg.name == "muon"``) for ``model``."""
-    if cfg.name not in ("adamw", "muon"):
-        raise ConfigError(f"optim.name: {cfg.name!r} is not one of adamw, muon")
+    if cfg.name not in ("adamw", "muon", "sgd"):
+        raise ConfigError(f"optim.name: {cfg.name!r} is not one of adamw, muon, sgd")
     named = _trainable(model)
     mu, mf = cfg.muon, cfg.manifold
     managed: dict[str, ManagedMatrix] = {}
@@ -223,8 +223,15 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
     assert_partition(named, [g["params"] for g in adam_groups + muon_groups])
 
     fused = bool(rest) and all(p.is_cuda for p in rest)
-    adamw = (torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                               eps=cfg.eps, fused=fused or None) if adam_groups else None)
+    if cfg.name == "sgd":
+        # SGD with momentum (rotation-equivariant, docs/science.md §4.5) takes the AdamW slot:
+        # same groups (weight decay on matrices, coupled L2 here), same lr schedule, same
+        # state_dict key.
+        adamw = (torch.optim.SGD(adam_groups, lr=cfg.lr, momentum=cfg.sgd_momentum)
+                 if adam_groups else None)
+    else:
+        adamw = (torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                   eps=cfg.eps, fused=fused or None) if adam_groups else None)
     muon = None
     if muon_groups:
         muon = Muon(

@@ -263,14 +263,18 @@ def test_manifold_assignment_and_continuity_counts():
 
     s = load_spec("continuity_mlp")
     labels = {s.arm_label(t) for t in grid_trials(s)}
-    assert labels == {
+    res = "model.skip=true,model.activation="
+    assert len(labels) == 15 and {
         "model.skip=false",  # NoRes with the preset's ReLU
-        "model.skip=true,model.activation=relu", "model.skip=true,model.activation=none",
-        "model.skip=true,model.activation=radial", "model.skip=true,model.activation=radial_rms"}
-    assert len(grid_trials(s)) == 5 * 3
+        f"{res}radial", f"{res}radial_rms",
+        f"{res}relu,model.init_scale=1,optim.name=adamw,optim.beta2=0.999",
+        f"{res}none,model.init_scale=0.25",
+        f"{res}none,model.init_scale=1,optim.name=adamw,optim.beta2=0,optim.beta1=0",
+        f"{res}relu,model.init_scale=1,optim.name=sgd,optim.lr=0.01"} <= labels
+    assert len(grid_trials(s)) == 15 * 3
     cfg = s.base_config()
-    assert (cfg.train.steps, cfg.train.epochs, cfg.train.metrics_every) == (1500, 0, 50)
-    assert (cfg.model.width, cfg.model.depth) == (256, 16)
+    assert (cfg.train.steps, cfg.train.epochs, cfg.train.metrics_every) == (4690, 10, 50)
+    assert (cfg.model.width, cfg.model.depth, cfg.metrics.grad_probes) == (256, 16, 4)
 
     s = load_spec("continuity_llama")
     assert s.base_config().model.arch == "llama" and len(grid_trials(s)) == 3
