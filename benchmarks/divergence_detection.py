@@ -43,11 +43,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.divergence import DivergenceMonitor, DivergenceRules  # noqa: E402
-
-from workloads.config import PRESETS, apply_overrides, validate  # noqa: E402
+from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules  # noqa: E402
+from workloads.config import PRESETS, apply_overrides  # noqa: E402
 from workloads.report import Divergence, StepInfo  # noqa: E402
 from workloads.train import run  # noqa: E402
+from workloads.validate import validate  # noqa: E402
 
 DETECTORS = {
     "default": DivergenceRules(),

@@ -138,13 +138,13 @@ def spike_count(losses: Iterable[float], factor: float, min_delta: float = 0.0, 
 
     Step t spikes when loss_t > factor x med_t and loss_t > med_t + max(z x 1.4826 x MAD_t,
     min_delta), with med_t and MAD_t the median and median absolute deviation of the last
-    ``window`` non-spiking finite losses before t (``orchestrator.divergence.spike_bound``);
+    ``window`` non-spiking finite losses before t (``orchestrator.sweep.divergence.spike_bound``);
     a non-finite loss after ``min_history`` finite ones also spikes. Consecutive spiking steps
     form one episode. The old reference, the running minimum, counted every noisy batch above
     the luckiest one seen (~300 "spikes" in a healthy MNIST trial, issue 17); a median over a
     window moves with the decreasing loss, and the MAD scales the bound to the batch noise.
     """
-    from orchestrator.divergence import spike_bound
+    from orchestrator.sweep.divergence import spike_bound
 
     if factor <= 1.0:
         raise ValueError(f"spike_count: factor must be > 1, got {factor}")

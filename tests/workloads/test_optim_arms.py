@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from workloads.config import ConfigError, OptimConfig, apply_overrides, mlp_debug, validate
+from workloads.config import ConfigError, OptimConfig, apply_overrides, mlp_debug
 from workloads.optim import build_optimizers
+from workloads.validate import validate
 
 
 class Lin(nn.Module):

@@ -6,13 +6,14 @@ import math
 
 import pytest
 import torch
-from orchestrator.divergence import DivergenceMonitor, DivergenceRules
 
-from workloads.config import PRESETS, apply_overrides, validate
+from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules
+from workloads.config import PRESETS, apply_overrides
 from workloads.metrics.collect import MetricsCollector
 from workloads.metrics.signals import StepSignals
 from workloads.models import build_model
 from workloads.train import build_data, run
+from workloads.validate import validate
 
 
 def _cfg(preset: str, **over):
