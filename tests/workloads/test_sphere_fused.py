@@ -123,3 +123,24 @@ def test_python_float_alpha_and_non_scalar_alpha_fallback():
     assert torch.allclose(out, ref, atol=1e-14)
     with pytest.raises(ValueError, match="p: must be"):
         sphere_step_fused(h, u, 0.3, 0.0)
+
+
+def test_compiled_stream_uses_the_reference_step(monkeypatch):
+    """torch.compile traces sphere.sphere_step, not the custom Function (miscompiled on CUDA)."""
+    from workloads import residual as R
+    from workloads.geometry import sphere
+
+    calls = []
+
+    def spy(*a, **k):
+        calls.append(1)
+        return sphere.sphere_step(*a, **k)
+
+    monkeypatch.setattr(R, "sphere_step", spy)
+    stream = R.make_stream({"family": "spheret", "p": 1.0}, 8, 1)
+    h = stream.enter(torch.randn(2, 3, 8))
+    stream.sublayer(0, h, lambda x: x.flip(-1))
+    assert calls == []  # eager: the fused Function
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    stream.sublayer(0, h, lambda x: x.flip(-1))
+    assert calls == [1]
