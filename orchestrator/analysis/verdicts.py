@@ -156,7 +156,9 @@ def _control_reasons(claim: Claim, t: pd.DataFrame, metrics: pd.DataFrame | None
         else pd.Series(dtype=float)
     row["steps_run"] = float(steps.min()) if steps.notna().any() else NAN
     row["min_steps"] = claim.min_steps
-    if not row["steps_run"] >= claim.min_steps:
+    if math.isnan(row["steps_run"]):
+        reasons.append("training length not recorded (no last_step)")
+    elif row["steps_run"] < claim.min_steps:
         reasons.append(f"too few steps: ran {row['steps_run']:.0f}, claim needs "
                        f"{claim.min_steps}")
     if "first_loss" in claim.controls:

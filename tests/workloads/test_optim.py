@@ -339,7 +339,7 @@ def test_init_match_starts_every_assignment_from_the_same_matrices():
         starts[a] = {n: p.detach().clone() for n, p in model.named_parameters()
                      if n in opts.managed}
     ref = starts["unconstrained"]
-    for n, W in ref.items():
+    for W in ref.values():
         T = W.mT if W.shape[0] < W.shape[1] else W
         assert float(stiefel_violation(T)) < 1e-5
     for a, s in starts.items():
