@@ -131,10 +131,12 @@ def p_curve(trials: pd.DataFrame, at: float, family: str = "spheret", lr: str = 
 def write_frontier(data: SweepData, out: Path, cfg: ReportConfig | None = None,
                    rule: Rule = "all") -> list[str]:
     """``out/frontier.csv`` (critical lrs), ``out/frontier_loss.csv``, ``out/p_curve.csv`` and
-    the report.md lines, for a sweep over families and at least 2 lrs; else nothing."""
+    the report.md lines, for a sweep over families and a grid of at least 2 lrs (each lr
+    shared by 2+ trials on average); else nothing."""
     cfg = cfg or ReportConfig()
     t = data.trials
-    if FAMILY not in t.columns or LR not in t.columns or t[LR].nunique() < 2:
+    if FAMILY not in t.columns or LR not in t.columns or t[LR].nunique() < 2 \
+            or t[LR].nunique() > len(t) / 2:  # a random/Optuna lr search has no lr grid
         return []
     crit = critical_lr_table(t, rule)
     crit.to_csv(out / "frontier.csv", index=False)
