@@ -153,3 +153,10 @@ def test_claim_validation_and_spec_round_trip(tmp_path):
     (c,) = load_claims(tmp_path)
     assert c.effect == 0.5 and c.controls == [] and c.min_steps == 1
     assert load_claims(tmp_path / "nothing") == []
+
+
+def test_direction_higher_mirrors_lower():
+    t = _trials(B, A)  # arm a is higher by ~1.0
+    r = claim_verdict(_claim(direction="higher"), t, _gap_rows(t, 2.0))
+    assert r["verdict"] == AGREES and r["diff"] == pytest.approx(np.mean(B) - np.mean(A))
+    assert claim_verdict(_claim(direction="lower"), t, _gap_rows(t, 2.0))["verdict"] == DISAGREES
