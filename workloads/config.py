@@ -130,6 +130,12 @@ class ManifoldConfig:
     dual_smooth: float = 1e-3  # newton: mu of sqrt(s^2 + mu^2), relative to ||G||_F = 1
     dgram_retraction: str = "paper_svd_sorted"  # paper_svd_sorted | colnorm_polar
     init_on_manifold: bool = True
+    # Matched initial scales across assignments: every Muon-managed matrix, the unconstrained
+    # arm's too, is first retracted onto Stiefel (all singular values 1), so every assignment
+    # starts from the same matrices. Without it the constrained arms' retraction multiplies a
+    # nanoGPT init's singular values (~0.1-0.4 at std 0.02) by 3-10x and the unconstrained
+    # arm starts at another scale (docs/science.md §3.4).
+    init_match: bool = False
 
 
 @dataclass

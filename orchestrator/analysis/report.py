@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.analysis.figures import _module_order, draw_figures, short_labels
+from orchestrator.analysis.frontier import write_frontier
 from orchestrator.analysis.load import (
     TERMINAL,
     ReportConfig,
@@ -28,6 +29,7 @@ from orchestrator.analysis.load import (
     with_metric,
 )
 from orchestrator.analysis.tables import _arms_md, _ci, _md_table, arm_table, metric_table
+from orchestrator.analysis.verdicts import write_verdicts
 
 __all__ = ["ReportConfig", "ReportError", "SweepData", "load_sweep", "arm_order",
            "resolve_baseline", "with_metric", "arm_table", "metric_table", "draw_figures",
@@ -89,6 +91,8 @@ def write_report(root: str | Path, baseline: str | None = None,
     for title, fname in made:
         lines += [f"### {title}", "", f"![{title}]({fname})", ""]
     lines += _metrics_md(data, cfg, mtab)
+    lines += write_verdicts(data, out, cfg)  # the spec's claims: verdicts.{md,csv}
+    lines += write_frontier(data, out, cfg)  # lr x family sweeps: frontier.{md,csv}
     lines += ["## Trials", "", _md_table(trials[lead]), ""]
     if skipped:
         lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]

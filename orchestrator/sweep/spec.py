@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.sweep.claims import Claim
 from orchestrator.sweep.divergence import DivergenceRules
 from orchestrator.sweep.params import P_KEY, Param, arm_label, expand, fmt, ident, strict
 from workloads.config import (
@@ -171,6 +172,9 @@ class SweepSpec(BaseModel):
     budget: Budget = Field(default_factory=Budget)
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field(default_factory=Tracking)
+    # the papers' claims this sweep can test (orchestrator/sweep/claims.py); `geosweep report`
+    # gives each a verdict by orchestrator/analysis/verdicts.py
+    claims: list[Claim] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
@@ -203,6 +207,7 @@ class SweepSpec(BaseModel):
         self._check_algorithm()
         self._check_values(base)
         self._resolve_scheduler(base)
+        self._check_claims()
         return self
 
     # --- cross-field rules ---------------------------------------------------------------
@@ -310,6 +315,23 @@ class SweepSpec(BaseModel):
             except ConfigError as e:
                 raise ValueError(f"space: the combination {self.arm_label(flat)} is invalid: "
                                  f"{e}") from None
+
+    def _check_claims(self) -> None:
+        """Claim ids unique; each claim's arm/baseline keys are space keys taking those values."""
+        seen: set[str] = set()
+        for c in self.claims:
+            if c.id in seen:
+                raise ValueError(f"claims: id {c.id!r} occurs twice")
+            seen.add(c.id)
+            for side in ("arm", "baseline"):
+                for key, v in getattr(c, side).items():
+                    if key not in self.space:
+                        raise ValueError(f"claims.{c.id}.{side}: {key!r} is not a space key; "
+                                         f"space keys: {', '.join(self.space) or '-'}")
+                    p = self.space[key]
+                    if p.discrete and ident(v) not in set(map(ident, p.values() + p.also)):
+                        raise ValueError(f"claims.{c.id}.{side}: {key}={fmt(v)} never occurs; "
+                                         f"{key} takes {', '.join(map(fmt, p.values()))}")
 
     def _context(self, key: str) -> dict[str, Any]:
         """Values of the keys ``key``'s condition depends on (recursively), first allowed."""

@@ -324,3 +324,29 @@ def test_every_strategy_trains_gpt_debug(strategy):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opts.step()
     assert losses[-1] < losses[0] - 0.5, losses[::5]
+
+
+def test_init_match_starts_every_assignment_from_the_same_matrices():
+    """optim.manifold.init_match: the unconstrained arm starts on Stiefel too, and the
+    constrained arms' own retraction leaves a Stiefel point where it is: one start for all."""
+    starts = {}
+    for a in ("unconstrained", "all_stiefel", "all_dgram", "hetero"):
+        torch.manual_seed(0)
+        model = TinyGPT()
+        cfg = muon_cfg(a)
+        cfg.manifold.init_match = True
+        opts = build_optimizers(model, cfg)
+        starts[a] = {n: p.detach().clone() for n, p in model.named_parameters()
+                     if n in opts.managed}
+    ref = starts["unconstrained"]
+    for W in ref.values():
+        T = W.mT if W.shape[0] < W.shape[1] else W
+        assert float(stiefel_violation(T)) < 1e-5
+    for a, s in starts.items():
+        for n, W in s.items():
+            assert torch.allclose(W, ref[n], atol=1e-5), (a, n)
+    torch.manual_seed(0)
+    plain = TinyGPT()
+    build_optimizers(plain, muon_cfg("unconstrained"))
+    sv = torch.linalg.svdvals(plain.blocks[0].attn.c_attn.weight.detach())
+    assert float(sv.max() / sv.min()) > 2.0  # unmatched: the unconstrained start is not on it

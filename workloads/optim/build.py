@@ -241,6 +241,13 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
             dgram_retraction=mf.dgram_retraction, dual_method=mf.dual_method,
             dual_smooth=mf.dual_smooth,
         )
+    # --- init_match: one semi-orthogonal start for every assignment (matched scales) --------
+    if muon is not None and mf.init_match:
+        with torch.no_grad():
+            for g in muon.param_groups:
+                for p in g["params"]:
+                    p.copy_(_retract(p.float(), "stiefel", mf.dgram_retraction,
+                                     mu.msign == "svd").to(p.dtype))
     # --- init_on_manifold: start every constrained matrix on its manifold (Paper B) ----------
     if muon is not None and mf.init_on_manifold:
         with torch.no_grad():

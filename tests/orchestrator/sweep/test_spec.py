@@ -6,6 +6,7 @@ import copy
 import math
 import time
 
+import numpy as np
 import pytest
 
 from orchestrator.sweep.spec import SpecError, SweepSpec
@@ -16,8 +17,8 @@ from workloads.residual import RESIDUALS
 
 pytestmark = pytest.mark.timeout(120)
 
-SHIPPED = ["continuity_llama", "continuity_mlp", "manifold_assignment", "norm_ablation",
-           "quickstart", "spheret_p_search"]
+SHIPPED = ["continuity_llama", "continuity_mlp", "manifold_assignment",
+           "manifold_assignment_gpt2", "norm_ablation", "quickstart", "spheret_p_search"]
 
 
 def base() -> dict:
@@ -240,16 +241,22 @@ def test_every_shipped_spec_loads_and_round_trips():
         assert SweepSpec.model_validate(s.model_dump(mode="json")).model_dump() == s.model_dump()
 
 
-def test_norm_ablation_is_every_family_x_lrs_x_3_seeds():
+def test_norm_ablation_is_a_stability_frontier():
     from orchestrator.sweep.space import count_trials, grid_trials
 
     s = load_spec("norm_ablation")
     fams = s.space["model.residual.family"].grid
     assert set(fams) == set(RESIDUALS) and len(fams) == 7
+    assert s.space["model.residual.p"].grid == [0.5, 1.0, 2.0, 4.0, math.inf]
     lrs = s.space["optim.lr"].grid
-    assert 1.0 in lrs and min(lrs) <= 3e-3  # a diverging arm and a normal one
+    assert len(lrs) >= 6 and max(lrs) == 1.0 and min(lrs) <= 1e-3
+    ratios = np.diff(np.log10(lrs))
+    assert np.allclose(ratios, 0.5, atol=0.01)  # log-spaced, half a decade
+    cfg = s.base_config()
+    assert cfg.model.n_layer >= 6 and cfg.optim.weight_decay == 0.0  # wd not coupled to lr
+    assert cfg.train.steps == 1000 and s.divergence.patience == 50
     trials = grid_trials(s)
-    assert len(trials) == count_trials(s) == 7 * len(lrs) * 3 == 63
+    assert len(trials) == count_trials(s) == (6 + 5) * len(lrs) * 3 == 231
     assert {t["train.seed"] for t in trials} == {0, 1, 2}
 
 
@@ -259,7 +266,10 @@ def test_manifold_assignment_and_continuity_counts():
     s = load_spec("manifold_assignment")
     assert s.base_config().optim.name == "muon"
     assert set(s.space["optim.manifold.assignment"].grid) == set(STRATEGIES)
-    assert len(grid_trials(s)) == 5 * 3
+    assert len(grid_trials(s)) == 5 * 5
+    mf = s.base_config().optim.manifold
+    assert (mf.dual_steps, mf.dual_tol, mf.init_match) == (20, 1e-6, True)
+    assert s.base_config().train.steps == 2000
 
     s = load_spec("continuity_mlp")
     labels = {s.arm_label(t) for t in grid_trials(s)}

@@ -1,0 +1,160 @@
+"""Paper A as a stability frontier: each residual family's critical learning rate, the loss of
+every family at one common good lr, and SpheretNorm's p-curve (docs/science.md §2).
+
+Pure functions of the trials table (one row per trial: ``status``, ``seed``, the family and lr
+params, ``final_val_loss``). A trial is stable when it completed with a finite final loss (the
+divergence rules stopped the others: they blew up and stayed up). An lr is stable for a family
+under ``rule`` "all" (every seed stable) or "majority" (more than half). The critical lr is the
+largest lr such that it and every smaller lr tried are stable; the table also gives the first
+unstable lr above it, the seed counts, and says when the frontier lies outside the range tried
+("stable at the largest lr": a lower bound only; "unstable at the smallest lr").
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.analysis.load import ReportConfig, SweepData
+from orchestrator.analysis.stats import t_interval
+from orchestrator.analysis.tables import _md_table
+
+__all__ = ["family_labels", "stable_mask", "critical_lr_table", "common_lr", "loss_at_lr",
+           "p_curve", "write_frontier"]
+
+FAMILY, LR, P = "model.residual.family", "optim.lr", "model.residual.p"
+Rule = Literal["all", "majority"]
+
+
+def family_labels(trials: pd.DataFrame, family: str = FAMILY, p: str = P) -> pd.Series:
+    """The family of each trial; a family swept over p gets one label per p (``spheret p=1``)."""
+    lab = trials[family].astype(str)
+    if p in trials.columns:
+        pv = pd.to_numeric(trials[p], errors="coerce")
+        swept = trials.assign(_p=pv).groupby(lab)["_p"].nunique() > 1
+        has = lab.map(swept).fillna(False).astype(bool) & pv.notna()
+        lab = lab.where(~has, lab + " p=" + pv.map(lambda v: f"{v:g}"))
+    return lab
+
+
+def stable_mask(trials: pd.DataFrame, metric: str = "final_val_loss") -> pd.Series:
+    """Completed with a finite ``metric``."""
+    v = pd.to_numeric(trials[metric], errors="coerce")
+    return (trials["status"] == "completed") & np.isfinite(v)
+
+
+def _lr_stable(n_stable: int, n: int, rule: Rule) -> bool:
+    return n > 0 and (n_stable == n if rule == "all" else n_stable > n / 2)
+
+
+def critical_lr_table(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
+                      metric: str = "final_val_loss") -> pd.DataFrame:
+    """One row per family: lrs tried, critical lr with ``stable/seeds`` there, first unstable
+    lr with its count, and a note when the frontier is outside the range or not monotone."""
+    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
+    t["_fam"], t["_ok"], t["_lr"] = family_labels(t), stable_mask(t, metric), t[lr].astype(float)
+    rows = []
+    for fam, g in t.groupby("_fam", sort=False):
+        per = g.groupby("_lr")["_ok"].agg(["sum", "count"]).sort_index()
+        ok = [_lr_stable(int(s), int(n), rule) for s, n in zip(per["sum"], per["count"])]
+        lrs = per.index.to_list()
+        k = next((i for i, o in enumerate(ok) if not o), len(ok))  # first unstable index
+        crit = lrs[k - 1] if k > 0 else math.nan
+        first_bad = lrs[k] if k < len(lrs) else math.nan
+        note = []
+        if k == len(lrs):
+            note.append("stable at the largest lr tried (a lower bound)")
+        if k == 0:
+            note.append("unstable at the smallest lr tried")
+        if any(ok[k + 1:]):
+            note.append("not monotone: stable again above the first unstable lr")
+        cnt = [f"{int(s)}/{int(n)}" for s, n in zip(per["sum"], per["count"])]
+        rows.append({"family": fam, "n_lrs": len(lrs), "lr_min": lrs[0], "lr_max": lrs[-1],
+                     "critical_lr": crit, "stable_at_critical": cnt[k - 1] if k > 0 else "-",
+                     "first_unstable_lr": first_bad,
+                     "stable_at_first_unstable": cnt[k] if k < len(lrs) else "-",
+                     "rule": rule, "note": "; ".join(note)})
+    return pd.DataFrame(rows)
+
+
+def common_lr(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
+              metric: str = "final_val_loss") -> float:
+    """The lr stable for every family with the lowest mean (over families) of the mean loss;
+    nan when no lr is stable for all."""
+    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
+    t["_fam"], t["_ok"], t["_lr"] = family_labels(t), stable_mask(t, metric), t[lr].astype(float)
+    best, best_loss = math.nan, math.inf
+    for v, g in t.groupby("_lr"):
+        fams = g.groupby("_fam")["_ok"].agg(["sum", "count"])
+        if len(fams) < t["_fam"].nunique() or not all(
+                _lr_stable(int(s), int(n), rule) for s, n in zip(fams["sum"], fams["count"])):
+            continue
+        loss = float(g[g["_ok"]].groupby("_fam")[metric].mean().mean())
+        if loss < best_loss:
+            best, best_loss = float(v), loss
+    return best
+
+
+def loss_at_lr(trials: pd.DataFrame, at: float, lr: str = LR, metric: str = "final_val_loss",
+               conf: float = 0.95) -> pd.DataFrame:
+    """Per family at lr ``at``: stable seeds, mean loss [t-interval] over them."""
+    t = trials[np.isclose(trials[lr].astype(float), at, rtol=1e-9)].copy()
+    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric)
+    rows = []
+    for fam, g in t.groupby("_fam", sort=False):
+        m, lo, hi = t_interval(g.loc[g["_ok"], metric].astype(float), conf)
+        rows.append({"family": fam, "lr": at, "n": int(g["_ok"].sum()), "seeds": len(g),
+                     "mean": m, "lo": lo, "hi": hi})
+    return pd.DataFrame(rows)
+
+
+def p_curve(trials: pd.DataFrame, at: float, family: str = "spheret", lr: str = LR,
+            p: str = P, metric: str = "final_val_loss", conf: float = 0.95) -> pd.DataFrame:
+    """``family``'s loss against p at lr ``at``: n stable, mean [t-interval] per p (inf last)."""
+    t = trials[(trials[FAMILY].astype(str) == family)
+               & np.isclose(trials[lr].astype(float), at, rtol=1e-9)].copy()
+    if t.empty or p not in t.columns:
+        return pd.DataFrame(columns=["p", "n", "seeds", "mean", "lo", "hi"])
+    t["_ok"], t["_p"] = stable_mask(t, metric), pd.to_numeric(t[p], errors="coerce")
+    rows = []
+    for pv, g in t.groupby("_p"):
+        m, lo, hi = t_interval(g.loc[g["_ok"], metric].astype(float), conf)
+        rows.append({"p": float(pv), "n": int(g["_ok"].sum()), "seeds": len(g), "mean": m,
+                     "lo": lo, "hi": hi})
+    return pd.DataFrame(rows)
+
+
+def write_frontier(data: SweepData, out: Path, cfg: ReportConfig | None = None,
+                   rule: Rule = "all") -> list[str]:
+    """``out/frontier.csv`` (critical lrs), ``out/frontier_loss.csv``, ``out/p_curve.csv`` and
+    the report.md lines, for a sweep over families and a grid of at least 2 lrs (each lr
+    shared by 2+ trials on average); else nothing."""
+    cfg = cfg or ReportConfig()
+    t = data.trials
+    if FAMILY not in t.columns or LR not in t.columns or t[LR].nunique() < 2 \
+            or t[LR].nunique() > len(t) / 2:  # a random/Optuna lr search has no lr grid
+        return []
+    crit = critical_lr_table(t, rule)
+    crit.to_csv(out / "frontier.csv", index=False)
+    lines = ["## Stability frontier", "",
+             f"Critical lr per family: the largest lr at which it and every smaller lr tried "
+             f"had {'every' if rule == 'all' else 'a majority of'} seed(s) complete with a "
+             "finite loss (stable/seeds given). [frontier.csv](frontier.csv)", "",
+             _md_table(crit), ""]
+    at = common_lr(t, rule)
+    if not math.isfinite(at):
+        return lines + ["No lr was stable for every family: no common-lr comparison.", ""]
+    loss = loss_at_lr(t, at, conf=cfg.conf)
+    loss.to_csv(out / "frontier_loss.csv", index=False)
+    lines += [f"### Final val loss at the common lr {at:g}", "",
+              f"The lr stable for every family with the lowest mean loss; mean "
+              f"[{cfg.conf:.0%} t-interval] over stable seeds.", "", _md_table(loss), ""]
+    pc = p_curve(t, at, conf=cfg.conf)
+    if len(pc) >= 2:
+        pc.to_csv(out / "p_curve.csv", index=False)
+        lines += [f"### SpheretNorm p-curve at lr {at:g}", "", _md_table(pc), ""]
+    return lines
