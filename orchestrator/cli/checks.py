@@ -103,15 +103,24 @@ def check_address(address: str | None) -> None:
 
 
 def prepare_sweep_folder(target: Path, resume: bool, overwrite: bool) -> None:
-    """An existing sweep folder is kept only with --resume and deleted only with --overwrite."""
+    """An existing sweep folder is kept only with --resume and deleted only with --overwrite.
+    Its lock (orchestrator/store/lock.py) is taken before it is resumed or emptied: a folder
+    another driver writes is neither."""
+    from orchestrator.store.lock import LOCK_FILE, lock_sweep
+
+    def used() -> bool:
+        return target.exists() and any(p.name != LOCK_FILE for p in target.iterdir())
+
     if target.exists() and not target.is_dir():
         raise UsageError(f"--out: {target} exists and is not a folder")
-    if target.exists() and any(target.iterdir()):
-        if overwrite:
-            shutil.rmtree(target)
-        elif not resume:
-            raise UsageError(f"{target} already exists: use --resume to continue it or "
-                             "--overwrite to start again")
+    if used() and not (overwrite or resume):
+        raise UsageError(f"{target} already exists: use --resume to continue it or "
+                         "--overwrite to start again")
+    lock_sweep(target)
+    if used() and overwrite:  # everything but the lock we hold (a new file = a second lock)
+        for p in target.iterdir():
+            if p.name != LOCK_FILE:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def sweep_dir(ref: str) -> Path:
