@@ -295,6 +295,15 @@ class SweepSpec(BaseModel):
                                  "searched; use choice")
 
     def _check_values(self, base: WorkloadConfig) -> None:
+        # counted before anything is built: a 2 kB spec can name 10**8 arms
+        # (discrete values only: a continuous range is one axis of a random/Optuna search)
+        bound = math.prod(len(p.candidates()) if p.discrete else 1 for p in self.space.values())
+        if bound > MAX_ARMS:
+            raise ValueError(f"space: up to {bound} arms (the product of every parameter's "
+                             f"values), more than the {MAX_ARMS} a sweep may have; split it")
+        if self.search.algorithm == "grid" and bound * len(self.seeds) > MAX_ARMS:
+            raise ValueError(f"space x seeds: up to {bound * len(self.seeds)} grid trials, more "
+                             f"than the {MAX_ARMS} a sweep may have; use fewer seeds or values")
         for key, p in self.space.items():
             if key in _POSITIVE:
                 for v in p.candidates():
@@ -308,14 +317,6 @@ class SweepSpec(BaseModel):
                     validate(apply_overrides(base, {**ctx, key: v}))
                 except ConfigError as e:
                     raise ValueError(f"space.{key}: {fmt(v)} is invalid: {e}") from None
-        # counted before anything is built: a 2 kB spec can name 10**8 arms
-        bound = math.prod(len(p.candidates()) for p in self.space.values())
-        if bound > MAX_ARMS:
-            raise ValueError(f"space: up to {bound} arms (the product of every parameter's "
-                             f"values), more than the {MAX_ARMS} a sweep may have; split it")
-        if self.search.algorithm == "grid" and bound * len(self.seeds) > MAX_ARMS:
-            raise ValueError(f"space x seeds: up to {bound * len(self.seeds)} grid trials, more "
-                             f"than the {MAX_ARMS} a sweep may have; use fewer seeds or values")
         combos = expand(self.space, lambda p: p.candidates(), [self.seeds[0]])
         for flat in combos[:MAX_CHECKED_COMBOS]:
             try:
