@@ -12,9 +12,9 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -138,7 +138,7 @@ CASES += [
          spec=spec_with(space="{" + ", ".join(
              f"model.x{i}: {{grid: [{', '.join(str(j) for j in range(10))}]}}"
              for i in range(8)) + "}")),
-    Case("grid-64M-arms-dry-run", ["run", "{spec}", "--dry-run"], 2, r"arms",
+    Case("grid-110k-trials-dry-run", ["run", "{spec}", "--dry-run"], 2, r"grid trials",
          spec=spec_with(space="{optim.lr: {grid: [" + ", ".join(
              f"{j + 1}.0e-4" for j in range(11)) + "]}}", seeds="10000")),
     Case("lr-inf-grid", ["run", "{spec}", *_OUT], 2, r"optim.lr",
@@ -188,7 +188,8 @@ CASES += [
     Case("continuity-empty-state", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
          r"truncated or corrupt", setup=lambda t: _model(t, "state.pt", b"")),
     Case("continuity-garbage-safetensors", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"not a readable safetensors", setup=lambda t: _model(t, "model.safetensors", b"\x00" * 64)),
+         r"not a readable safetensors",
+         setup=lambda t: _model(t, "model.safetensors", b"\x00" * 64)),
     Case("continuity-index-not-json", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
          r"not valid JSON", setup=lambda t: _model(t, "model.safetensors.index.json", b"{")),
     Case("continuity-index-no-map", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
