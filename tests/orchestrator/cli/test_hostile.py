@@ -213,12 +213,63 @@ CASES += [
          setup=lambda t: _locked(t)),
     Case("run-overwrite-locked", ["run", "{spec}", "--out", "{tmp}/runs", "--overwrite"], 2,
          r"in use by another geosweep", setup=lambda t: _locked(t)),
+    # train (no Ray)
+    Case("train-out-is-file", ["train", "--preset", "gpt-debug", "--out", "{tmp}/file"], 2,
+         r"--out: .* not a folder", setup=lambda t: (t / "file").write_text("x")),
+    Case("train-out-under-file", ["train", "--preset", "gpt-debug", "--out", "{tmp}/file/o"], 2,
+         r"--out", setup=lambda t: (t / "file").write_text("x")),
+    Case("train-lr-inf", ["train", "--preset", "gpt-debug", "--set", "optim.lr=.inf"], 2,
+         r"optim.lr: must be finite"),
+    Case("train-lr-nan", ["train", "--preset", "gpt-debug", "--set", "optim.lr=.nan"], 2,
+         r"optim.lr"),
+    Case("train-lr-zero", ["train", "--preset", "gpt-debug", "--set", "optim.lr=0"], 2,
+         r"optim.lr: must be > 0"),
+    Case("train-steps-text", ["train", "--preset", "gpt-debug", "--set", "train.steps=lots"], 2,
+         r"train.steps"),
+    Case("train-device-tpu", ["train", "--preset", "gpt-debug", "--set", "train.device=tpu"], 2,
+         r"train.device"),
+    Case("train-unknown-preset", ["train", "--preset", "gpt-9000"], 2, r"gpt-9000"),
+    Case("train-set-no-equals", ["train", "--preset", "gpt-debug", "--set", "optim.lr"], 2,
+         r"key=value"),
+    Case("train-set-unknown-key", ["train", "--preset", "gpt-debug", "--set", "optim.lrr=1"], 2,
+         r"optim.lrr"),
+    Case("train-resume-evil-checkpoint", ["train", "--preset", "gpt-debug", "--out", "{tmp}/o",
+                                          "--resume"], 2, r"refused to load",
+         setup=lambda t: _evil_ckpt(t)),
+    Case("train-resume-truncated-checkpoint", ["train", "--preset", "gpt-debug", "--out",
+                                               "{tmp}/o", "--resume"], 2,
+         r"truncated or corrupt", setup=lambda t: _evil_ckpt(t, b"PK\x03\x04")),
+    # broken Parquet parts
+    Case("status-zero-byte-parquet", ["status", "{sweep}"], 2, r"Parquet",
+         setup=lambda t: _parquet_part(t, b"")),
+    Case("status-garbage-parquet", ["status", "{sweep}"], 2, r"Parquet",
+         setup=lambda t: _parquet_part(t, b"PAR1garbage")),
+    Case("report-zero-byte-parquet", ["report", "{sweep}"], 2, r"Parquet",
+         setup=lambda t: _parquet_part(t, b"")),
     # misc
     Case("no-command", [], 2, r"command"),
     Case("unknown-command", ["explode"], 2, r"invalid choice"),
     Case("ui-port-text", ["ui", "{sweep}", "--port", "http"], 2, r"port",
          setup=lambda t: sweep_folder(t)),
 ]
+
+
+def _evil_ckpt(t: Path, raw: bytes | None = None) -> None:
+    step = t / "o" / "checkpoints" / "step-00000002"
+    step.mkdir(parents=True)
+    if raw is None:
+        import torch
+
+        torch.save({"model": {}, "x": _Evil()}, step / "state.pt")
+    else:
+        (step / "state.pt").write_bytes(raw)
+
+
+def _parquet_part(t: Path, raw: bytes) -> None:
+    root = sweep_folder(t)
+    d = root / "parquet" / "trials" / "sweep=tiny" / "trial=t1"
+    d.mkdir(parents=True)
+    (d / "part-0.parquet").write_bytes(raw)
 
 
 def _model(t: Path, name: str, data: bytes) -> None:
