@@ -59,6 +59,7 @@ class Case:
     line: str  # a regex the single stderr line must match
     setup: Callable[[Path], None] | None = None
     spec: str | None = None  # written to {spec}
+    env: dict | None = None  # environment variables for the case
 
 
 def _bad_manifests() -> list[tuple[str, bytes]]:
@@ -246,6 +247,21 @@ CASES += [
          setup=lambda t: _parquet_part(t, b"PAR1garbage")),
     Case("report-zero-byte-parquet", ["report", "{sweep}"], 2, r"Parquet",
          setup=lambda t: _parquet_part(t, b"")),
+    # Ray addresses: reached with a timeout and a gRPC handshake, RAY_ADDRESS too
+    Case("run-address-http-not-gcs", ["run", "{spec}", *_OUT, "--address", "{http}"], 2,
+         r"--address: .* not a Ray GCS"),
+    Case("run-address-dead", ["run", "{spec}", *_OUT, "--address", "127.0.0.1:1"], 2,
+         r"--address: cannot reach Ray"),
+    Case("run-address-bad-port", ["run", "{spec}", *_OUT, "--address", "ray://h:x"], 2,
+         r"--address: .* not host:port"),
+    Case("run-ray-address-env-dead", ["run", "{spec}", *_OUT], 2, r"RAY_ADDRESS: cannot reach",
+         env={"RAY_ADDRESS": "127.0.0.1:1"}),
+    Case("run-ray-address-env-http", ["run", "{spec}", *_OUT], 2, r"RAY_ADDRESS: .* not a Ray",
+         env={"RAY_ADDRESS": "{http}"}),
+    Case("resume-ray-address-env-dead", ["resume", "{sweep}"], 2, r"RAY_ADDRESS: cannot reach",
+         env={"RAY_ADDRESS": "127.0.0.1:1"}, setup=lambda t: sweep_folder(t)),
+    Case("search-p-address-dead", ["search-p", *_OUT, "--address", "127.0.0.1:1"], 2,
+         r"--address: cannot reach Ray"),
     # misc
     Case("no-command", [], 2, r"command"),
     Case("unknown-command", ["explode"], 2, r"invalid choice"),
@@ -342,11 +358,26 @@ def test_at_least_100_cases():
     assert len({c.id for c in CASES}) == len(CASES)
 
 
+@pytest.fixture(scope="module")
+def http_port():
+    """An HTTP server that is not Ray (as the dashboard's port 8265 would be)."""
+    import http.server
+    import threading
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    srv.RequestHandlerClass.log_message = lambda *a: None  # type: ignore[method-assign]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_hostile(case: Case, tmp_path: Path, capsys, monkeypatch):
+def test_hostile(case: Case, tmp_path: Path, capsys, monkeypatch, http_port):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RAY_ADDRESS", "")  # a case reaching Ray would start a local one
+    for k, v in (case.env or {}).items():
+        monkeypatch.setenv(k, v.format(http=f"127.0.0.1:{http_port}"))
     import ray
 
     if case.setup is not None:
@@ -355,7 +386,7 @@ def test_hostile(case: Case, tmp_path: Path, capsys, monkeypatch):
     spec.write_text(case.spec if case.spec is not None else SPEC)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     fill = {"tmp": tmp_path, "spec": spec, "sweep": tmp_path / "runs" / "tiny",
-            "model": tmp_path / "model"}
+            "model": tmp_path / "model", "http": f"127.0.0.1:{http_port}"}
     argv = [a.format(**fill) for a in case.argv]
     code = main(argv)
     out, err = capsys.readouterr()
