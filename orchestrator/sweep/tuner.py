@@ -261,7 +261,8 @@ def _quiet_logs() -> None:
     logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    # The local Ray binds 127.0.0.1 and keeps token auth on; the notice is not news per sweep.
+    # The local Ray keeps token auth on (what listens where: docs/cluster.md); the notice is
+    # not news per sweep.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
         logging.ERROR)
     import optuna
