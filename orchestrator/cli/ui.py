@@ -14,7 +14,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator.store.manifest import read_manifest
 
     manifest = read_manifest(root)
-    uri = manifest["mlflow_uri"]
+    uri = manifest.get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}"
     if uri.startswith("http"):
         print(f"this sweep logs to the MLflow server {uri}: open it in a browser")
         return 0

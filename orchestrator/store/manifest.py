@@ -85,6 +85,9 @@ def read_manifest(root: Path) -> dict[str, Any]:
     for k in ("mlflow_uri", "parquet_root"):
         if data.get(k) is not None and not isinstance(data[k], str):
             raise ManifestError(f"{mf}: {k!r} must be a string, got {data[k]!r}")
-    data["mlflow_uri"] = _absolute(root, data.get("mlflow_uri"), True, "mlflow.db")
+    # no mlflow_uri recorded: None (the report says so); readers that need a store use
+    # the folder's default sqlite
+    if data.get("mlflow_uri"):
+        data["mlflow_uri"] = _absolute(root, data["mlflow_uri"], True, "mlflow.db")
     data["parquet_root"] = _absolute(root, data.get("parquet_root"), False, "parquet")
     return data

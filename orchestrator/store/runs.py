@@ -23,7 +23,7 @@ def sweep_tracking_uri(sweep_dir: str | Path) -> str:
         return f"sqlite:///{root / 'mlflow.db'}"
     from orchestrator.store.manifest import read_manifest
 
-    return str(read_manifest(root)["mlflow_uri"])
+    return str(read_manifest(root).get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}")
 
 
 def store_problem(uri: str) -> str | None:
