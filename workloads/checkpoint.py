@@ -7,6 +7,7 @@ name and renamed, so a crash never leaves a half checkpoint that a resume would 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -16,7 +17,56 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "rng_state", "set_rng_state"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
+           "safe_load", "CheckpointLoadError"]
+
+
+class CheckpointLoadError(ValueError):
+    """A checkpoint that cannot be read safely (truncated, foreign, or carrying code); one line."""
+
+
+def _allowed_globals() -> list:
+    """What our own checkpoints pickle beyond tensors and plain containers: numpy's RNG state
+    (an ndarray of uint32) and nothing else. Anything outside this list is refused, so a
+    checkpoint from elsewhere cannot run code when loaded (weights_only=True)."""
+    from numpy import dtype, ndarray
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    allowed: list = [ndarray, _reconstruct, dtype]
+    try:  # numpy >= 1.25 pickles the dtype's class too
+        from numpy import dtypes
+
+        allowed += [dtypes.UInt32DType, dtypes.Float64DType, dtypes.Int64DType]
+    except ImportError:
+        pass
+    return allowed
+
+
+def safe_load(path: str | os.PathLike, mmap: bool = False) -> Any:
+    """``torch.load`` with ``weights_only=True`` and our allow-list; every failure is a
+    ``CheckpointLoadError`` naming the file (truncated, not a checkpoint, or foreign code)."""
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(_allowed_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = found.group(1) if found else "an object"
+        raise CheckpointLoadError(
+            f"{path}: refused to load: it pickles {what}, outside geosweep's allow-list "
+            "(tensors, plain containers, numpy arrays); a checkpoint from elsewhere could run "
+            "code") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:
+        if isinstance(e, OSError) and e.errno is not None and not isinstance(
+                e, FileNotFoundError):
+            raise
+        first = (str(e).strip().split(". ") or [type(e).__name__])[0][:100]
+        raise CheckpointLoadError(
+            f"{path}: not a readable checkpoint, truncated or corrupt ({first or type(e).__name__}"
+            "); delete it to fall back to an earlier one") from None
 
 _NAME = re.compile(r"^step-(\d{8})$")
 
@@ -72,5 +122,4 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         path = path / "state.pt"
-    # Our own files: RNG states hold numpy arrays, which weights_only=True refuses.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return safe_load(path)

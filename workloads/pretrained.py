@@ -172,24 +172,55 @@ def resolve_checkpoint(ref: str | os.PathLike) -> Path:
         raise CheckpointError(f"CHECKPOINT: cannot download {ref!r} ({msg})") from None
 
 
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"CHECKPOINT: {path} is not valid JSON ({e})") from None
+
+
+def _finite_tensor(t: torch.Tensor, name: str, where: Path) -> torch.Tensor:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise CheckpointError(f"CHECKPOINT: {where}: tensor {name} holds NaN or inf; "
+                              "the weights are broken")
+    return t
+
+
 class SafetensorsSource:
     """Tensor names -> shard file; every read opens a fresh memory-mapped handle and closes it."""
 
     def __init__(self, folder: Path):
         index = folder / "model.safetensors.index.json"
         if index.exists():
-            wmap = json.loads(index.read_text())["weight_map"]
+            doc = _json(index)
+            wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+            if not isinstance(wmap, dict) or not all(
+                    isinstance(v, str) and "/" not in v and ".." not in v for v in wmap.values()):
+                raise CheckpointError(f"CHECKPOINT: {index} has no valid weight_map (a dict of "
+                                      "tensor name -> shard file in the folder)")
             self.files = {k: folder / v for k, v in wmap.items()}
+            missing = sorted({str(f.name) for f in self.files.values() if not f.exists()})
+            if missing:
+                raise CheckpointError(f"CHECKPOINT: {index} names missing shards: "
+                                      f"{', '.join(missing[:3])}")
         else:
             from safetensors import safe_open
 
             self.files = {}
             for f in sorted(folder.glob("*.safetensors")):
-                with safe_open(f, framework="pt") as h:
-                    self.files.update({k: f for k in h.keys()})
+                try:
+                    with safe_open(f, framework="pt") as h:
+                        self.files.update({k: f for k in h.keys()})
+                except Exception as e:  # noqa: BLE001 - safetensors raises its own kinds
+                    raise CheckpointError(f"CHECKPOINT: {f} is not a readable safetensors file "
+                                          f"({str(e)[:80]}); download it again") from None
         self.meta: dict[str, Any] = {}
         if (folder / "config.json").exists():
-            self.meta = json.loads((folder / "config.json").read_text())
+            meta = _json(folder / "config.json")
+            if not isinstance(meta, dict):
+                raise CheckpointError(f"CHECKPOINT: {folder / 'config.json'} is not a JSON "
+                                      "object")
+            self.meta = meta
 
     def keys(self) -> list[str]:
         return list(self.files)
@@ -197,18 +228,28 @@ class SafetensorsSource:
     def get(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
 
-        with safe_open(self.files[name], framework="pt") as h:
-            return h.get_tensor(name)
+        try:
+            with safe_open(self.files[name], framework="pt") as h:
+                t = h.get_tensor(name)
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own kinds
+            raise CheckpointError(f"CHECKPOINT: {self.files[name]}: cannot read {name} "
+                                  f"({str(e)[:80]}); download it again") from None
+        return _finite_tensor(t, name, self.files[name])
 
 
 class StateSource:
     """A geosweep ``state.pt``: the state_dict under ``model``, loaded memory-mapped."""
 
     def __init__(self, path: Path):
-        # Our own files: RNG states hold numpy arrays, which weights_only=True refuses.
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        from workloads.checkpoint import CheckpointLoadError, safe_load
+
+        try:  # weights_only with our allow-list: a state.pt from elsewhere runs no code
+            state = safe_load(path, mmap=True)
+        except CheckpointLoadError as e:
+            raise CheckpointError(f"CHECKPOINT: {e}") from None
         if not isinstance(state, dict) or "model" not in state:
             raise CheckpointError(f"CHECKPOINT: {path} is not a geosweep checkpoint (no 'model')")
+        self.path = path
         self.state_dict: dict[str, torch.Tensor] = state["model"]
         self.meta = state.get("config") or {}
 
@@ -216,20 +257,21 @@ class StateSource:
         return list(self.state_dict)
 
     def get(self, name: str) -> torch.Tensor:
-        return self.state_dict[name]
+        return _finite_tensor(self.state_dict[name], name, self.path)
 
 
 def open_source(folder: Path) -> SafetensorsSource | StateSource:
-    """The tensor source of a resolved folder: geosweep ``state.pt`` first, then safetensors."""
+    """The tensor source of a resolved folder: safetensors first (a format that holds no code),
+    then a geosweep ``state.pt`` (loaded with weights_only and an allow-list)."""
     from workloads.checkpoint import latest_checkpoint
 
+    if (folder / "model.safetensors.index.json").exists() or any(folder.glob("*.safetensors")):
+        return SafetensorsSource(folder)
     if (folder / "state.pt").exists():
         return StateSource(folder / "state.pt")
     latest = latest_checkpoint(folder)
     if latest is not None:
         return StateSource(latest / "state.pt")
-    if (folder / "model.safetensors.index.json").exists() or any(folder.glob("*.safetensors")):
-        return SafetensorsSource(folder)
     raise CheckpointError(f"CHECKPOINT: {folder} holds no model.safetensors, "
                           "model.safetensors.index.json or geosweep state.pt")
 

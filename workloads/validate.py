@@ -62,6 +62,8 @@ def _check_numbers(cfg: WorkloadConfig, flat: dict[str, Any]) -> None:
         v = flat[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v:
             raise ConfigError(f"{key}: must be > 0, got {v!r}")
+        if v == float("inf"):
+            raise ConfigError(f"{key}: must be finite, got {v!r}")
     for key in ("optim.beta1", "optim.beta2", "optim.sgd_momentum"):
         v = flat[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,12 +121,17 @@ def _normalise_rows(df: pd.DataFrame) -> pd.DataFrame:
 def load_sweep(root: str | Path) -> SweepData:
     """The sweep folder's manifest and its trials, curves and metric rows."""
     root = Path(root).expanduser().resolve()
+    from orchestrator.store.manifest import ManifestError, read_manifest
+
     mf = root / "sweep.json"
     if not mf.exists():
         raise ReportError(f"{root}: not a geosweep sweep folder (no sweep.json)")
-    manifest = json.loads(mf.read_text())
+    try:
+        manifest = read_manifest(root)
+    except ManifestError as e:
+        raise ReportError(str(e)) from None
     name = str(manifest["name"])
-    proot = str(manifest.get("parquet_root") or root / "parquet")
+    proot = str(manifest["parquet_root"])
     if "://" not in proot and not Path(proot).is_absolute():
         proot = str(root / proot)
     trials = _read(proot, "trials", name)

@@ -52,4 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("geosweep: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # known failures are one line (cli/failures.py); bugs still raise
+        from orchestrator.cli.failures import one_line
+
+        known = one_line(e)
+        if known is None:
+            raise
+        print(f"geosweep: error: {known[1]}", file=sys.stderr)
+        return known[0]
 

@@ -89,29 +89,67 @@ def check_mlflow_uri(uri: str | None) -> None:
 
 
 def check_address(address: str | None) -> None:
-    if not address or address == "auto":
+    """The Ray cluster answers, and speaks gRPC (the GCS or a Ray Client server), within
+    seconds; ``RAY_ADDRESS`` is checked the same way when --address is not given."""
+    flag = "--address"
+    if not address and os.environ.get("RAY_ADDRESS"):
+        address, flag = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if not address or address in ("auto", "local"):
         return
     import socket
     from urllib.parse import urlparse
 
     u = urlparse(address if "://" in address else f"ray://{address}")
-    host, port = u.hostname, u.port or (8265 if u.scheme.startswith("http") else 6379)
     try:
-        socket.create_connection((host, port), timeout=3).close()
+        host, port = u.hostname, u.port or (8265 if u.scheme.startswith("http") else 6379)
+    except ValueError as e:
+        raise UsageError(f"{flag}: {address!r} is not host:port ({e})") from None
+    if not host:
+        raise UsageError(f"{flag}: {address!r} is not host:port")
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            if not u.scheme.startswith("http"):
+                _grpc_handshake(s, address, flag)
     except OSError as e:
-        raise UsageError(f"--address: cannot reach Ray at {address} ({e})") from None
+        raise UsageError(f"{flag}: cannot reach Ray at {address} ({e})") from None
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _grpc_handshake(s, address: str, flag: str) -> None:
+    """A gRPC server (Ray's GCS, Ray Client) answers the HTTP/2 preface with a SETTINGS frame;
+    the dashboard (8265), Redis or anything else does not (or hangs: the 3 s timeout)."""
+    s.settimeout(3)
+    s.sendall(_H2_PREFACE)
+    try:
+        head = s.recv(9)
+    except TimeoutError:
+        head = b""
+    if len(head) < 4 or head[3] != 0x04:
+        raise UsageError(f"{flag}: {address} answers but is not a Ray GCS or Ray Client port "
+                         "(the dashboard is :8265; the GCS is usually :6379, Ray Client :10001)")
 
 
 def prepare_sweep_folder(target: Path, resume: bool, overwrite: bool) -> None:
-    """An existing sweep folder is kept only with --resume and deleted only with --overwrite."""
+    """An existing sweep folder is kept only with --resume and deleted only with --overwrite.
+    Its lock (orchestrator/store/lock.py) is taken before it is resumed or emptied: a folder
+    another driver writes is neither."""
+    from orchestrator.store.lock import LOCK_FILE, lock_sweep
+
+    def used() -> bool:
+        return target.exists() and any(p.name != LOCK_FILE for p in target.iterdir())
+
     if target.exists() and not target.is_dir():
         raise UsageError(f"--out: {target} exists and is not a folder")
-    if target.exists() and any(target.iterdir()):
-        if overwrite:
-            shutil.rmtree(target)
-        elif not resume:
-            raise UsageError(f"{target} already exists: use --resume to continue it or "
-                             "--overwrite to start again")
+    if used() and not (overwrite or resume):
+        raise UsageError(f"{target} already exists: use --resume to continue it or "
+                         "--overwrite to start again")
+    lock_sweep(target)
+    if used() and overwrite:  # everything but the lock we hold (a new file = a second lock)
+        for p in target.iterdir():
+            if p.name != LOCK_FILE:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def sweep_dir(ref: str) -> Path:

@@ -18,9 +18,26 @@ def cmd_resume(args: argparse.Namespace) -> int:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {n}")
     if args.more_seeds and args.num_samples:
         raise UsageError("--more-seeds and --num-samples: give one of them per resume")
+    from orchestrator.cli.preflight import check_tracking
+    from orchestrator.store.lock import lock_sweep
+    from orchestrator.store.manifest import read_manifest
+
+    for flag, cap in (("more_seeds", 10_000), ("num_samples", 100_000)):
+        n = getattr(args, flag)
+        if n is not None and n > cap:
+            raise UsageError(f"--{flag.replace('_', '-')} must be <= {cap}, got {n}")
     root = sweep_dir(args.dir)
+    manifest = read_manifest(root)
+    if not (root / "spec.yaml").is_file():
+        raise UsageError(f"{root}: no spec.yaml; this sweep folder is incomplete")
     spec = load_cli_spec(str(root / "spec.yaml"))
+    # the folder decides where results go: a spec of another name would write a sibling folder
+    if spec.name != root.name or manifest["name"] != root.name:
+        raise UsageError(f"{root}: its sweep is named {spec.name!r} but the folder is "
+                         f"{root.name!r}; rename the folder back to {spec.name!r} to resume it")
+    check_tracking(spec, root)
     check_address(args.address)
+    lock_sweep(root)
     ext = Extension(more_seeds=args.more_seeds or 0, num_samples=args.num_samples or 0)
     return execute(spec, root.parent, args.address, resume=True, extend=ext or None)
 

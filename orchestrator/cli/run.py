@@ -16,6 +16,7 @@ from orchestrator.cli.checks import (
     prepare_sweep_folder,
 )
 from orchestrator.cli.errors import UsageError
+from orchestrator.cli.preflight import check_tracking
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -28,17 +29,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     check_mlflow_uri(spec.tracking.mlflow_uri)
     check_address(args.address)
+    check_tracking(spec, out / spec.name)
     prepare_sweep_folder(out / spec.name, resume=args.resume, overwrite=args.overwrite)
     return execute(spec, out, args.address, resume=args.resume)
 
 
 def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> int:
+    from cluster.local import RayStartError
+    from orchestrator.cli.failures import CURRENT
+    from orchestrator.store.lock import lock_sweep
+    from orchestrator.sweep.interrupt import SweepInterrupted
     from orchestrator.sweep.spec import SpecError
     from orchestrator.sweep.tuner import run_sweep
 
-    print(f"[geosweep] sweep {spec.name!r}: results in {out / spec.name}", flush=True)
-    from cluster.local import RayStartError
-
+    root = out / spec.name
+    lock_sweep(root)  # a no-op when prepare_sweep_folder took it
+    CURRENT["sweep"] = root
+    print(f"[geosweep] sweep {spec.name!r}: results in {root}", flush=True)
     try:
         result = run_sweep(spec, out, address=address, resume=resume,
                            printer=lambda s: print(s, flush=True), extend=extend)
@@ -47,9 +54,19 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
         return 1
     except SpecError as e:  # an extension that does not apply (checked before Ray starts)
         raise UsageError(str(e)) from None
+    except KeyboardInterrupt:  # a second Ctrl-C; the parent run is KILLED already
+        raise SweepInterrupted(root) from None
     c = result.counts
-    print(f"[geosweep] finished in {result.wall_s:.0f}s: "
-          + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "no trials"
+    if result.interrupted:
+        print(f"[geosweep] interrupted after {result.wall_s:.0f}s: {summary}")
+        raise SweepInterrupted(root)
+    failed = c.get("failed", 0)
+    if failed and failed == sum(c.values()):
+        print(f"geosweep: error: every trial failed ({summary}); see geosweep status {root}",
+              file=sys.stderr)
+        return 1
+    print(f"[geosweep] finished in {result.wall_s:.0f}s: {summary}")
     if result.best:
         b = result.best
         print(f"[geosweep] best trial {b['trial']} ({b.get('arm', '')}): "
@@ -59,6 +76,10 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
     print(f"[geosweep] MLflow store:    {p.mlflow_uri}")
     print(f"[geosweep] browse:          geosweep ui {p.root}")
     print(f"[geosweep] tables:          geosweep report {p.root}")
+    if failed:
+        print(f"geosweep: error: {failed} of {sum(c.values())} trials failed; see geosweep "
+              f"status {root}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from orchestrator.cli.checks import sweep_dir
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
-    manifest = json.loads((root / "sweep.json").read_text())
+    from orchestrator.store.manifest import read_manifest
+
+    manifest = read_manifest(root)
     from orchestrator.store.parquet import read_trials
 
     trials = read_trials(manifest["parquet_root"], sweep=manifest["name"])

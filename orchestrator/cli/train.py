@@ -25,6 +25,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise UsageError(str(e)) from None
     check_corpora([cfg.data.corpus], "")
+    if args.out:
+        from orchestrator.cli.preflight import check_writable_dir
+
+        check_writable_dir(args.out, "--out")
+    if cfg.train.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"train.device: {cfg.train.device!r} but this machine has no CUDA "
+                             "device (use cpu or auto)")
     from workloads.train import run
 
     def report(rep) -> None:
@@ -43,7 +53,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         monitor = DivergenceMonitor(DivergenceRules())
     ckpt = str(Path(args.out) / "checkpoints") if args.out else None
-    res = run(cfg, report=report, monitor=monitor, checkpoint_dir=ckpt, resume=args.resume)
+    try:
+        res = run(cfg, report=report, monitor=monitor, checkpoint_dir=ckpt, resume=args.resume)
+    except RuntimeError as e:  # a checkpoint of another model under --out
+        if not args.resume or "loading state_dict" not in str(e):
+            raise
+        raise UsageError(f"--resume: the checkpoint in {ckpt} is of another model than "
+                         "--preset/--set describe; use another --out") from None
     print(f"done: {res.steps} steps in {res.train_time_s:.1f}s, final val loss "
           f"{res.final_val_loss:.4f}, best {res.best_val_loss:.4f}")
     return 0 if res.divergence is None else 3

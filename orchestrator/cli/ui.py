@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -12,8 +11,10 @@ from orchestrator.cli.checks import sweep_dir
 
 def cmd_ui(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
-    manifest = json.loads((root / "sweep.json").read_text())
-    uri = manifest["mlflow_uri"]
+    from orchestrator.store.manifest import read_manifest
+
+    manifest = read_manifest(root)
+    uri = manifest.get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}"
     if uri.startswith("http"):
         print(f"this sweep logs to the MLflow server {uri}: open it in a browser")
         return 0

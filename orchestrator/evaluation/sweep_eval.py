@@ -17,7 +17,6 @@ last checkpoint predates the failure and is not the model the trial ended with.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -32,14 +31,13 @@ DEFAULT_MAX_BATCHES = 50
 
 
 def _sweep(root: Path) -> tuple[dict, str, str]:
-    mf = root / "sweep.json"
-    if not mf.exists():
-        raise EvalInputError(f"{root}: not a geosweep sweep folder (no sweep.json)")
-    manifest = json.loads(mf.read_text())
-    proot = str(manifest.get("parquet_root") or root / "parquet")
-    if "://" not in proot and not Path(proot).is_absolute():
-        proot = str(root / proot)
-    return manifest, str(manifest["name"]), proot
+    from orchestrator.store.manifest import ManifestError, read_manifest
+
+    try:
+        manifest = read_manifest(root)
+    except ManifestError as e:
+        raise EvalInputError(str(e)) from None
+    return manifest, str(manifest["name"]), str(manifest["parquet_root"])
 
 
 def _hub_corpora(explicit: list[str], no_hub: bool, printer) -> list[str]:

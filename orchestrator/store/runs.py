@@ -7,7 +7,6 @@ found every experiment of the store is searched.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,11 @@ _MAX_RUNS = 50000  # the SQL store's search_runs page limit
 def sweep_tracking_uri(sweep_dir: str | Path) -> str:
     """The MLflow tracking URI recorded in ``<sweep>/sweep.json`` (sqlite in the folder if none)."""
     root = Path(sweep_dir).expanduser().resolve()
-    mf = root / "sweep.json"
-    uri = json.loads(mf.read_text()).get("mlflow_uri") if mf.exists() else None
-    return str(uri or f"sqlite:///{root / 'mlflow.db'}")
+    if not (root / "sweep.json").exists():
+        return f"sqlite:///{root / 'mlflow.db'}"
+    from orchestrator.store.manifest import read_manifest
+
+    return str(read_manifest(root).get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}")
 
 
 def store_problem(uri: str) -> str | None:

@@ -179,6 +179,10 @@ def load_model(uri_or_path: str | os.PathLike,
     ref = str(uri_or_path)
     local = Path(ref).expanduser()
     if "://" not in ref and not ref.startswith(("runs:", "models:", "mlflow-artifacts:")):
+        # safetensors first (a format that holds no code); a state.pt loads with
+        # weights_only and geosweep's allow-list (workloads/checkpoint.py safe_load)
+        if (local / WEIGHTS_FILE).exists() or (local / ARTIFACT_PATH / WEIGHTS_FILE).exists():
+            return _load_folder(local)
         if (local / "state.pt").exists():
             model, cfg, _ = model_from_checkpoint(local)
             return model, cfg

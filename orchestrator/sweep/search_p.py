@@ -267,7 +267,17 @@ def _run_stage1(spec: SweepSpec, out: Path, address: str | None, resume: bool,
     from orchestrator.sweep.tuner import run_sweep
 
     assert storage == storage_url(sweep_paths(spec, out).root), storage
-    return run_sweep(spec, out, address=address, resume=resume, printer=printer)
+    return _not_interrupted(run_sweep(spec, out, address=address, resume=resume,
+                                      printer=printer))
+
+
+def _not_interrupted(result: Any) -> Any:
+    """Ctrl-C in a stage ends the search (the sweep's parent run is KILLED already)."""
+    if result.interrupted:
+        from orchestrator.sweep.interrupt import SweepInterrupted
+
+        raise SweepInterrupted(result.paths.root)
+    return result
 
 
 def _trial_rows(result: Any, name: str) -> list[dict[str, Any]]:
@@ -317,7 +327,8 @@ def search_p(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     for cs, params in zip(specs, configs):
         printer(f"[search-p] stage 2: {cs.name} = {s1.arm_label(params)} x {confirm_seeds} seeds")
         again = resume and (root / "confirm" / cs.name).exists()
-        r = run_sweep(cs, root / "confirm", address=address, resume=again, printer=printer)
+        r = _not_interrupted(run_sweep(cs, root / "confirm", address=address, resume=again,
+                                       printer=printer))
         for o in observations(_trial_rows(r, cs.name), [], lr0):
             o.update(params=dict(params), p=params.get(P_KEY), lr=params.get(LR_KEY, lr0))
             obs2.append(o)

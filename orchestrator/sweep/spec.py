@@ -42,6 +42,7 @@ __all__ = [
     "SweepSpec",
 ]
 
+MAX_ARMS = 100_000  # arms (and grid trials) a sweep may have: counted, never built
 MAX_CHECKED_COMBOS = 256  # corner combinations of a space validated against the workload
 _NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 _KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
@@ -190,10 +191,14 @@ class SweepSpec(BaseModel):
             if not 1 <= v <= 10_000:
                 raise ValueError(f"an int n means seeds 0..n-1 and must be in [1, 10000], got {v}")
             return list(range(v))
+        # numpy's and torch's seeders take < 2**32: a larger seed fails only inside a trial
         ok = (isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool)
-                                                 and s >= 0 for s in v))
+                                                 and 0 <= s < 2**32 for s in v))
         if not ok:
-            raise ValueError(f"expected an int n >= 1 or a non-empty list of ints >= 0, got {v!r}")
+            raise ValueError("expected an int n >= 1 or a non-empty list of ints in [0, 2**32), "
+                             f"got {str(v)[:80]}")
+        if len(v) > 10_000:
+            raise ValueError(f"at most 10000 seeds, got {len(v)}")
         if len(set(v)) != len(v):
             raise ValueError(f"must be distinct, got {v}")
         return v
@@ -295,6 +300,15 @@ class SweepSpec(BaseModel):
                                  "searched; use choice")
 
     def _check_values(self, base: WorkloadConfig) -> None:
+        # counted before anything is built: a 2 kB spec can name 10**8 arms
+        # (discrete values only: a continuous range is one axis of a random/Optuna search)
+        bound = math.prod(len(p.candidates()) if p.discrete else 1 for p in self.space.values())
+        if bound > MAX_ARMS:
+            raise ValueError(f"space: up to {bound} arms (the product of every parameter's "
+                             f"values), more than the {MAX_ARMS} a sweep may have; split it")
+        if self.search.algorithm == "grid" and bound * len(self.seeds) > MAX_ARMS:
+            raise ValueError(f"space x seeds: up to {bound * len(self.seeds)} grid trials, more "
+                             f"than the {MAX_ARMS} a sweep may have; use fewer seeds or values")
         for key, p in self.space.items():
             if key in _POSITIVE:
                 for v in p.candidates():

@@ -7,7 +7,6 @@ orchestrator/sweep/experiments.py; ``run_sweep`` puts them together.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 from orchestrator.store.layout import SweepPaths, sweep_paths
 from orchestrator.sweep.experiments import Extension
+from orchestrator.sweep.interrupt import fit_watching_sigint
 from orchestrator.sweep.progress import make_progress
 from orchestrator.sweep.spec import SweepSpec
 
@@ -30,6 +30,7 @@ class SweepResult:
     best: dict[str, Any] | None = None
     counts: dict[str, int] = field(default_factory=dict)
     fit_s: float = 0.0  # the Tune phase alone (no Ray start, no MLflow store creation)
+    interrupted: bool = False  # Ctrl-C: the parent run is KILLED; `geosweep resume` continues
 
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
@@ -43,6 +44,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     experiments.py); implies ``resume``.
     """
     from cluster.local import connect
+    from orchestrator.store.lock import lock_sweep
+    from orchestrator.store.manifest import write_manifest
     from orchestrator.store.weights import keep_weights
     from orchestrator.sweep.experiments import save_experiment
 
@@ -53,7 +56,9 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     # checked before Ray starts: a refused extension changes nothing
     plan = _Plan.make(spec, paths, resume, extend)
     spec, exp = plan.spec, plan.exp
-    connect(address)  # first: a failed Ray start must leave no sweep folder behind
+    # one writer per sweep folder (orchestrator/store/lock.py); the CLI took it already
+    lock_sweep(paths.root)
+    connect(address)  # before anything but the lock is written
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.to_yaml())
     if extend or not resume:  # what a later resume restores this experiment with
@@ -62,24 +67,32 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     progress = make_progress()(exp.count, _objective(), spec.search.mode, printer=printer,
                                label=spec.search.metric)
     tuner = _tuner(spec, paths, plan, [sink_cb, progress], resume and not extend)
-    paths.manifest.write_text(json.dumps({
+    write_manifest(paths.root, {
         "name": spec.name, "trials": plan.planned, "mlflow_uri": paths.mlflow_uri,
         "parquet_root": paths.parquet_root, "started": plan.manifest.get("started", t0),
         "address": address, "experiments": plan.names + ([exp.name] if extend else []),
-    }, indent=2))
+    })
     t_fit = time.time()
-    tuner.fit()
+    try:
+        _, interrupted = fit_watching_sigint(tuner)
+    except KeyboardInterrupt:  # a second Ctrl-C: Tune's last snapshot is skipped
+        mlflow.end_parent(status="KILLED")
+        raise
     fit_s = time.time() - t_fit
-    if resume:
+    if resume and not interrupted:
         _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
     records = sink_cb.records()
-    keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
-    mlflow.end_parent(status="FINISHED")
     counts: dict[str, int] = {}
     for r in records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
+    if not interrupted:
+        keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
+    # a sweep whose every trial failed did not finish; Ctrl-C is KILLED (resume continues it)
+    all_failed = bool(records) and counts.get("failed", 0) == len(records)
+    mlflow.end_parent(status="KILLED" if interrupted else "FAILED" if all_failed
+                      else "FINISHED")
     return SweepResult(paths, records, time.time() - t0, _best(records, spec.search.mode),
-                       counts, fit_s)
+                       counts, fit_s, interrupted)
 
 
 @dataclass
@@ -97,6 +110,7 @@ class _Plan:
     @classmethod
     def make(cls, spec: SweepSpec, paths: SweepPaths, resume: bool,
              extend: Extension | None) -> _Plan:
+        from orchestrator.store.manifest import read_manifest
         from orchestrator.store.parquet import read_trial_records
         from orchestrator.sweep.experiments import (
             FIRST,
@@ -107,8 +121,7 @@ class _Plan:
 
         names = experiment_names(paths.ray_storage) if resume else [FIRST]
         previous = read_trial_records(paths.parquet_root, spec.name) if resume else []
-        manifest = json.loads(paths.manifest.read_text()) if resume and paths.manifest.exists() \
-            else {}
+        manifest = read_manifest(paths.root) if resume and paths.manifest.exists() else {}
         planned = int(manifest.get("trials", 0))
         if extend:
             spec, exp = plan_extension(spec, previous, extend, planned, len(names) + 1)
@@ -248,7 +261,8 @@ def _quiet_logs() -> None:
     logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    # The local Ray binds 127.0.0.1 and keeps token auth on; the notice is not news per sweep.
+    # The local Ray keeps token auth on (what listens where: docs/cluster.md); the notice is
+    # not news per sweep.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
         logging.ERROR)
     import optuna

@@ -1,0 +1,88 @@
+"""Checks of where a sweep will write, before Ray starts: the MLflow URI, the Parquet root and
+the token cache. A sweep that would fail at its first write is refused with one line, and
+nothing is created (a half-made folder would block the next ``run``)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from orchestrator.cli.errors import UsageError
+
+__all__ = ["check_tracking", "check_writable_dir", "MLFLOW_SCHEMES", "PARQUET_SCHEMES"]
+
+# MLflow stores we can name; the database ones are checked by MLflow when the sweep starts
+MLFLOW_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql",
+                  "databricks")
+# pyarrow filesystems (pyarrow.fs.FileSystem.from_uri)
+PARQUET_SCHEMES = ("", "file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "az")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """``path`` is (or can be created as) a folder we can write: the nearest existing parent
+    is really written to (os.access says yes to root everywhere)."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{what}: {path} exists and is not a folder")
+    probe = p.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{what}: {path} cannot be created ({probe} is a file)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".geosweep-probe-", dir=probe))
+    except OSError as e:
+        raise UsageError(f"{what}: {path} is not writable ({e.strerror})") from None
+
+
+def _check_mlflow(uri: str | None, root: Path) -> None:
+    if not uri:
+        return
+    scheme = urlparse(uri).scheme
+    if len(scheme) == 1:  # a Windows drive letter is a path
+        scheme = ""
+    if scheme not in MLFLOW_SCHEMES:
+        raise UsageError(f"--mlflow-uri: unknown scheme {scheme!r} in {uri!r}; use a folder, "
+                         "sqlite:///FILE, file:///FOLDER or http(s)://SERVER")
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+        if not path or path == ":memory:":
+            raise UsageError(f"--mlflow-uri: {uri!r} names no database file "
+                             "(sqlite:///relative.db or sqlite:////absolute.db)")
+        f = Path(path)
+        if f.exists():
+            if f.is_dir():
+                raise UsageError(f"--mlflow-uri: {f} is a folder, not an SQLite file")
+            with open(f, "rb") as h:
+                head = h.read(16)
+            if head and head != _SQLITE_MAGIC:
+                raise UsageError(f"--mlflow-uri: {f} is not an SQLite database")
+        check_writable_dir(f.parent if str(f.parent) else ".", "--mlflow-uri")
+    elif scheme in ("", "file"):
+        check_writable_dir(urlparse(uri).path if scheme else uri, "--mlflow-uri")
+
+
+def _check_parquet(root_uri: str | None) -> None:
+    if not root_uri:
+        return
+    scheme = urlparse(root_uri).scheme
+    if len(scheme) == 1:
+        scheme = ""
+    if scheme not in PARQUET_SCHEMES:
+        raise UsageError(f"--parquet-root: unknown scheme {scheme!r} in {root_uri!r}; use a "
+                         f"folder or one of {', '.join(s + '://' for s in PARQUET_SCHEMES if s)}")
+    if scheme in ("", "file"):
+        check_writable_dir(urlparse(root_uri).path if scheme else root_uri, "--parquet-root")
+
+
+def check_tracking(spec: Any, root: Path) -> None:
+    """The spec's MLflow URI, Parquet root and token cache, before Ray starts."""
+    _check_mlflow(spec.tracking.mlflow_uri, root)
+    _check_parquet(spec.tracking.parquet_root)
+    cache = spec.base_config().data.cache_dir or os.environ.get("GEOSWEEP_CACHE")
+    if cache:
+        check_writable_dir(cache, "data.cache_dir")

@@ -1,0 +1,93 @@
+"""``<sweep>/sweep.json``: what was run, with every path relative to the folder.
+
+A sweep folder can then be moved, renamed back, copied or ``ray rsync-down``-ed: status,
+report, eval and resume read (and write) the folder they are given. URIs outside the folder
+(an MLflow server, ``s3://``) stay as given. Older manifests held absolute paths: a path that
+was the default inside the folder's former location is mapped to the folder's own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ManifestError", "write_manifest", "read_manifest", "MANIFEST"]
+
+MANIFEST = "sweep.json"
+_SQLITE = "sqlite:///"
+
+
+class ManifestError(ValueError):
+    """sweep.json missing, corrupt or of the wrong shape; the message is one line."""
+
+
+def _relative(root: Path, value: str | None, sqlite: bool) -> str | None:
+    if not value:
+        return value
+    prefix = _SQLITE if sqlite and value.startswith(_SQLITE) else ""
+    if sqlite and not prefix:
+        return value
+    path = Path(value[len(prefix):])
+    try:
+        rel = path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return value
+    return prefix + "./" + rel.as_posix()
+
+
+def _absolute(root: Path, value: str | None, sqlite: bool, default: str) -> str:
+    if not value:
+        return (_SQLITE if sqlite else "") + str(root / default)
+    prefix = _SQLITE if sqlite and value.startswith(_SQLITE) else ""
+    if sqlite and not prefix:
+        return value
+    if not prefix and "://" in value:
+        return value
+    rest = value[len(prefix):]
+    if rest.startswith("./"):
+        return prefix + str(root / rest[2:])
+    path = Path(rest)
+    # an old absolute manifest: <old folder>/<default> -> this folder's own, if it has one
+    if path.name == default and not path.exists() and (root / default).exists():
+        return prefix + str(root / default)
+    return value
+
+
+def write_manifest(root: Path, data: dict[str, Any]) -> None:
+    """Atomically write sweep.json with in-folder paths made relative."""
+    root = Path(root)
+    out = dict(data)
+    out["mlflow_uri"] = _relative(root, out.get("mlflow_uri"), sqlite=True)
+    out["parquet_root"] = _relative(root, out.get("parquet_root"), sqlite=False)
+    tmp = root / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(out, indent=2))
+    tmp.replace(root / MANIFEST)
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """sweep.json with paths resolved against ``root``; a ManifestError names what is wrong."""
+    root = Path(root)
+    mf = root / MANIFEST
+    if not mf.is_file():
+        raise ManifestError(f"{root}: not a geosweep sweep folder (no {MANIFEST})")
+    try:
+        data = json.loads(mf.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{mf} is corrupt ({type(e).__name__}: {str(e)[:80]}); restore it "
+                            "from a copy of the sweep") from None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+        raise ManifestError(f"{mf} is not a geosweep manifest (a JSON object with a 'name'); "
+                            "restore it from a copy of the sweep")
+    trials = data.get("trials", 0)
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
+        raise ManifestError(f"{mf}: 'trials' must be a count, got {trials!r}")
+    for k in ("mlflow_uri", "parquet_root"):
+        if data.get(k) is not None and not isinstance(data[k], str):
+            raise ManifestError(f"{mf}: {k!r} must be a string, got {data[k]!r}")
+    # no mlflow_uri recorded: None (the report says so); readers that need a store use
+    # the folder's default sqlite
+    if data.get("mlflow_uri"):
+        data["mlflow_uri"] = _absolute(root, data["mlflow_uri"], True, "mlflow.db")
+    data["parquet_root"] = _absolute(root, data.get("parquet_root"), False, "parquet")
+    return data

@@ -1,0 +1,103 @@
+"""Ctrl-C and a moved sweep folder, through the real CLI (issue 15, sections 2 and 3).
+
+`geosweep run` gets SIGINT once its first trial reported: it exits 130, says how to continue,
+and its MLflow parent run is KILLED. The folder is then copied elsewhere and `resume` of the
+copy finishes the sweep there, leaving the original as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
+
+SPEC = """\
+name: tiny
+workload: {preset: gpt-debug}
+space: {optim.lr: {grid: [1.0e-3, 3.0e-3]}}
+seeds: [0]
+search: {algorithm: grid, max_concurrent: 1}
+budget: {steps: 60, eval_every: 20, metrics_every: 0}
+resources: {workers_per_trial: 1, cpus_per_worker: 1}
+"""
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
+                PYTHONPATH=str(ROOT))
+
+
+def _parent_status(db: Path) -> str:
+    with sqlite3.connect(db) as c:
+        rows = c.execute("SELECT status FROM runs WHERE run_uuid NOT IN (SELECT run_uuid FROM "
+                         "tags WHERE key = 'mlflow.parentRunId')").fetchall()
+    assert len(rows) == 1, rows
+    return rows[0][0]
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_exit_130_then_resume_a_moved_copy(tmp_path: Path):
+    from orchestrator.store.parquet import read_trials
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "out"
+    sweep = out / "tiny"
+    log = tmp_path / "run.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(spec),
+                                 "--out", str(out)], cwd=ROOT, env=_env(), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None:
+            t = read_trials(str(sweep / "parquet"), sweep="tiny") \
+                if (sweep / "parquet" / "trials").exists() else None
+            if t is not None and len(t):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, once
+        proc.wait(300)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    assert proc.returncode == 130, text[-3000:]
+    assert f"interrupted; continue with: geosweep resume {sweep}" in text, text[-3000:]
+    assert "Traceback" not in text
+    assert "finished in" not in text
+    assert _parent_status(sweep / "mlflow.db") == "KILLED"
+    before = read_trials(str(sweep / "parquet"), sweep="tiny")
+    assert (before["status"] != "completed").any()  # it really was interrupted
+
+    # copy the folder elsewhere (as `ray rsync-down` would) and resume the copy
+    moved = tmp_path / "elsewhere" / "tiny"
+    shutil.copytree(sweep, moved, ignore=shutil.ignore_patterns(".lock"))
+    for _ in range(2):  # a loaded 2-core machine can miss Ray's 30 s raylet start window
+        r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "resume", str(moved)],
+                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+        if "could not start a local Ray" not in r.stderr:
+            break
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    done = read_trials(str(moved / "parquet"), sweep="tiny")
+    assert sorted(done["status"]) == ["completed", "completed"], done
+    assert _parent_status(moved / "mlflow.db") == "FINISHED"
+    # the original was not written by the resume of its copy
+    again = read_trials(str(sweep / "parquet"), sweep="tiny")
+    assert sorted(again["status"]) == sorted(before["status"])
+    s = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(moved)],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0 and "2 recorded" in s.stdout, s.stdout + s.stderr
