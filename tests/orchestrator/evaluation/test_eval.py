@@ -268,7 +268,7 @@ def test_not_a_sweep_folder(tmp_path, capsys):
     # as a script too (`python -m orchestrator.cli`: the CLI module is __main__ there)
     proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "eval", str(tmp_path)],
                           capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).parents[2])
+                          cwd=Path(__file__).parents[3])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "not a geosweep sweep folder" in proc.stderr
 
@@ -329,7 +329,7 @@ def test_end_to_end_sweep_eval_load_and_report(tmp_path, capsys):
     proc = subprocess.run(  # its own Ray, shut down when it exits (as test_sweep_ray.py)
         [sys.executable, "-m", "orchestrator.cli", "run", str(tmp_path / "e2e.yaml"),
          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=240, env=env,
-        cwd=Path(__file__).parents[2])
+        cwd=Path(__file__).parents[3])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "best trial's weights: runs:/" in proc.stdout
     root = tmp_path / "out" / "evale2e"

@@ -24,7 +24,7 @@ import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _env(**extra: str) -> dict[str, str]:

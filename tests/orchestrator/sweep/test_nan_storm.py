@@ -28,7 +28,7 @@ import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STEPS, EVAL_EVERY, SAMPLES = 30, 10, 8
 HEALTHY = (1.0e-3, 2.0e-3, 3.0e-3)
 EXPLODING = (30.0, 1000.0, 1e30)  # diverged by step 6 whatever the machine (docstring)

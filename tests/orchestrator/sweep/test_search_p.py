@@ -284,7 +284,7 @@ def test_search_p_end_to_end(tmp_path):
     cmd = [sys.executable, "-m", "orchestrator.cli.search_p", str(spec), "--out",
            str(tmp_path / "out"), "--top-k", "2", "--confirm-seeds", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840, env=env,
-                          cwd=Path(__file__).parents[2])
+                          cwd=Path(__file__).parents[3])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     root = tmp_path / "out" / "tinyp"
     for f in ("search_p.md", "search_p.json", "divergence_map.png", "optuna.db"):
@@ -307,7 +307,7 @@ def test_search_p_end_to_end(tmp_path):
     assert "Best p =" in proc.stdout and "Parameter importances" in proc.stdout
     # the same folder again without --resume is refused with one line
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env,
-                           cwd=Path(__file__).parents[2])
+                           cwd=Path(__file__).parents[3])
     assert again.returncode == 2 and "already exists" in again.stderr
 
 

@@ -44,7 +44,7 @@ resources: {workers_per_trial: 2, cpus_per_worker: 0.49, executor: train}
 def _geosweep(*args: str, timeout: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=Path(__file__).parents[2])
+                          text=True, timeout=timeout, env=env, cwd=Path(__file__).parents[3])
 
 
 @pytest.fixture(scope="module")
