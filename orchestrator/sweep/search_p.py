@@ -7,7 +7,9 @@ through ``build_search(spec, storage=..., study_name=...)``: every ask/report/te
 RDB as it happens, so ``optuna-dashboard sqlite:///<sweep dir>/optuna.db`` shows it live and
 an interrupted search resumes (Tune restores the searcher, whose study is the same RDB study).
 Diverged trials are told their penalty value (``orchestrator.sweep.divergence.penalty_value``) as a
-COMPLETE observation, so the sampler learns where (p, lr) is unstable.
+COMPLETE observation with the violated Optuna constraint ``diverged``, ASHA-stopped trials are
+PRUNED and failed ones FAIL (``orchestrator.sweep.optuna_search``), so the sampler learns where
+(p, lr) is unstable and the study shows what happened.
 
 Stage 2 (confirmation): the top-k distinct configurations of stage 1 (completed trials by
 lowest final validation loss, then ASHA-stopped ones by rung reached) are rerun at the full

@@ -292,7 +292,11 @@ def test_search_p_end_to_end(tmp_path):
     with sqlite3.connect(root / "optuna.db") as db:
         states = [s for (s,) in db.execute("select state from trials")]
         names = {n for (n,) in db.execute("select distinct param_name from trial_params")}
-    assert len(states) == 4 and set(states) == {"COMPLETE"}, states
+    # ASHA-stopped trials are PRUNED in the study (issue 17 §2), completed ones COMPLETE
+    assert len(states) == 4 and set(states) <= {"COMPLETE", "PRUNED"}, states
+    s1 = {o["trial"]: o["status"] for o in json.loads((root / "search_p.json").read_text())
+          ["stage1"]}
+    assert states.count("PRUNED") == sum(v == "stopped" for v in s1.values()), (states, s1)
     assert "trial/optim.lr" in names and f"trial/{P_KEY}:special" in names
     res = json.loads((root / "search_p.json").read_text())
     best = res["best"]
@@ -334,3 +338,33 @@ def test_study_lives_in_the_rdb_and_survives_a_searcher_restore(tmp_path):
     study = optuna.load_study(study_name=spec.name, storage=url)
     assert [t.value for t in study.trials] == [3.0, INITIAL, 2.5]
     assert (tmp_path / "optuna.db").stat().st_size > 0
+
+
+def test_study_states_tell_the_truth(tmp_path):
+    """Completed -> COMPLETE (feasible), diverged -> COMPLETE with the violated constraint
+    ``diverged`` and its penalty value, ASHA-stopped (last status running) -> PRUNED, error ->
+    FAIL (issue 17 §2). Driven through the real searcher build_search hands to Tune."""
+    from orchestrator.sweep.search_p import storage_url
+    from orchestrator.sweep.space import build_search
+
+    spec = _spec(6)
+    url = storage_url(tmp_path)
+    _, limiter, _ = build_search(spec, storage=url, study_name=spec.name)
+    searcher = limiter.searcher
+    ends = [({"objective": 3.0, "_status": "completed"}, False),
+            ({"objective": INITIAL, "_status": "diverged"}, False),
+            ({"objective": 4.0, "_status": "running"}, False),
+            ({"objective": 4.5, "_status": "running"}, True)]
+    for i, (result, error) in enumerate(ends):
+        searcher.suggest(f"t{i}")
+        searcher.on_trial_result(f"t{i}", {**result, "training_iteration": 1})
+        searcher.on_trial_complete(f"t{i}", result, error=error)
+    searcher.on_trial_complete("t0", ends[0][0])  # a second completion changes nothing
+    study = optuna.load_study(study_name=spec.name, storage=url)
+    S = optuna.trial.TrialState
+    assert [t.state for t in study.trials] == [S.COMPLETE, S.COMPLETE, S.PRUNED, S.FAIL]
+    assert [t.value for t in study.trials[:2]] == [3.0, INITIAL]
+    assert study.trials[0].constraints == {"diverged": 0.0}
+    assert study.trials[1].constraints == {"diverged": 1.0}
+    assert study.trials[2].intermediate_values == {1: 4.0}
+    assert study.best_trial.number == 0  # the infeasible diverged trial is never the best
