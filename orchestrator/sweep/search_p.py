@@ -39,8 +39,9 @@ import yaml
 
 from orchestrator.analysis.search_p import divergence_map, jsonable, render_markdown
 from orchestrator.analysis.stats import t_interval
-from orchestrator.sweep.params import P_KEY
-from orchestrator.sweep.space import PREFIX, SPECIAL, flat_from_tune_config
+from orchestrator.sweep.also_axis import axis_decode
+from orchestrator.sweep.params import P_KEY, Param
+from orchestrator.sweep.space import AXIS, PREFIX, SPECIAL, flat_from_tune_config
 from orchestrator.sweep.spec import SpecError, SweepSpec
 from orchestrator.sweep.spec_yaml import spec_from_dict
 
@@ -130,11 +131,18 @@ def storage_url(root: Path) -> str:
 # --- observations --------------------------------------------------------------------------
 
 
-def params_from_optuna(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Optuna's ``trial/<key>`` + ``trial/<key>:special`` params -> flat dotted overrides."""
+def params_from_optuna(params: Mapping[str, Any],
+                       space: Mapping[str, Param] | None = None) -> dict[str, Any]:
+    """Optuna's ``trial/<key>``, ``trial/<key>:special`` and ``trial/<key>:axis`` params ->
+    flat dotted overrides; an ``:axis`` point is decoded with ``space[<key>]``."""
     pre = PREFIX + "/"
-    return flat_from_tune_config({k[len(pre):] if k.startswith(pre) else k: v
-                                  for k, v in params.items()})
+    flat = {k[len(pre):] if k.startswith(pre) else k: v for k, v in params.items()}
+    for k in [k for k in flat if k.endswith(AXIS)]:
+        key = k[: -len(AXIS)]
+        if space is None or key not in space:
+            raise ValueError(f"params_from_optuna: {k} needs the space of {key} to decode")
+        flat[key] = axis_decode(space[key], flat.pop(k))
+    return flat_from_tune_config(flat)
 
 
 def _num(v: Any) -> float | None:
@@ -232,7 +240,8 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
     """Optuna's fANOVA importances keyed by dotted config keys, or ``None`` and the reason.
 
     ``trial/<key>`` and its ``trial/<key>:special`` switch (``inf`` or a finite value) are
-    both parts of the choice of ``<key>``: their importances are summed.
+    both parts of the choice of ``<key>``: their importances are summed (an ``:axis`` param is
+    ``<key>`` itself).
     """
     import optuna
     from optuna.trial import TrialState
@@ -253,7 +262,7 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
     merged: dict[str, float] = {}
     pre = PREFIX + "/"
     for name, v in raw.items():
-        key = name.removeprefix(pre).removesuffix(SPECIAL)
+        key = name.removeprefix(pre).removesuffix(SPECIAL).removesuffix(AXIS)
         merged[key] = merged.get(key, 0.0) + float(v)
     return dict(sorted(merged.items(), key=lambda kv: -kv[1])), (
         f"fANOVA over {len(done)} finished trials (p's inf switch counted with p)")

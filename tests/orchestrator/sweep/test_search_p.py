@@ -68,7 +68,7 @@ def drive(spec, n: int):
     for i in range(n):
         trial = study.ask()
         space(trial)
-        flat = params_from_optuna(trial.params)
+        flat = params_from_optuna(trial.params, spec.space)
         loss, diverged = planted(flat[P_KEY], flat[LR_KEY])
         value = penalty_value(RULES, INITIAL, None) if diverged else loss
         study.tell(trial, value)
@@ -99,7 +99,7 @@ def test_finds_planted_optimum(searched):
 
 
 def test_planted_divergences_are_observations(searched):
-    _, study, records, obs = searched
+    spec, study, records, obs = searched
     planted_div = [o for o in obs if planted(o["p"], o["lr"])[1]]
     assert planted_div, "the start-up trials must hit the planted region"
     assert {o["trial"] for o in planted_div} == {o["trial"] for o in obs
@@ -107,7 +107,7 @@ def test_planted_divergences_are_observations(searched):
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == 40  # nothing dropped
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)  # nothing pruned
-    told = [t.value for t in trials if planted(*[params_from_optuna(t.params)[k]
+    told = [t.value for t in trials if planted(*[params_from_optuna(t.params, spec.space)[k]
                                                   for k in (P_KEY, LR_KEY)])[1]]
     assert told == [INITIAL] * len(planted_div)  # the penalty, the untrained loss
     # informative: after the random start-up, the sampler steers away from the region
@@ -297,7 +297,7 @@ def test_search_p_end_to_end(tmp_path):
     s1 = {o["trial"]: o["status"] for o in json.loads((root / "search_p.json").read_text())
           ["stage1"]}
     assert states.count("PRUNED") == sum(v == "stopped" for v in s1.values()), (states, s1)
-    assert "trial/optim.lr" in names and f"trial/{P_KEY}:special" in names
+    assert "trial/optim.lr" in names and f"trial/{P_KEY}:axis" in names
     res = json.loads((root / "search_p.json").read_text())
     best = res["best"]
     assert best["n"] + best["n_diverged"] == 2 and best["n"] >= 1
@@ -328,7 +328,7 @@ def test_study_lives_in_the_rdb_and_survives_a_searcher_restore(tmp_path):
     assert n == 6
     for i, value in enumerate([3.0, INITIAL]):
         cfg = searcher.suggest(f"t{i}")
-        assert set(cfg["trial"]) >= {"train.seed", f"{P_KEY}:special", LR_KEY}
+        assert set(cfg["trial"]) >= {"train.seed", f"{P_KEY}:axis", P_KEY, LR_KEY}
         searcher.on_trial_complete(f"t{i}", {"objective": value})
     searcher.save(str(tmp_path / "searcher.pkl"))
     _, again, _ = build_search(spec, storage=url, study_name=spec.name)
