@@ -7,6 +7,7 @@
 - ``paired_difference``: paired t-test of a - b over shared seeds (same data order and init
   per seed, so pairing removes the seed-to-seed variance shared by both arms).
 - ``spike_count``: loss-spike episodes of one curve (median/MAD over a window).
+- ``welch``: Welch's unpaired two-sample t comparison of a - b (unequal variances).
 - ``mde``: minimum detectable effect of a two-sample comparison with n seeds per arm.
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "paired_difference",
     "spike_count",
     "mde",
+    "welch",
 ]
 
 NAN = float("nan")
@@ -192,3 +194,22 @@ def mde(s: float, n: int, alpha: float = 0.05, power: float = 0.8,
         return math.inf
     t = float(st.t.ppf(1 - alpha / 2, dof) + st.t.ppf(power, dof))
     return t * s * math.sqrt(2.0 / n)
+
+
+def welch(a: Iterable[float], b: Iterable[float], conf: float = 0.95) -> PairedResult:
+    """Welch's two-sample comparison of mean(a) - mean(b) over the finite values (unpaired:
+    different seeds, or arms whose seeds do not correspond). ``n`` is min(n_a, n_b); fewer
+    than 2 values on a side -> nan interval and p-value. Welch-Satterthwaite df."""
+    x, y = _finite(a), _finite(b)
+    n = min(len(x), len(y))
+    mean = float(x.mean() - y.mean()) if n else NAN
+    if n < 2:
+        return PairedResult(n, mean, NAN, NAN, NAN)
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se2 = float(va + vb)
+    if se2 == 0.0:  # both spreads zero: the limit of the test
+        return PairedResult(n, mean, mean, mean, 1.0 if mean == 0.0 else 0.0)
+    df = se2 ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
+    half = float(st.t.ppf(0.5 + conf / 2, df) * math.sqrt(se2))
+    p = float(st.ttest_ind(x, y, equal_var=False).pvalue)
+    return PairedResult(n, mean, mean - half, mean + half, p)

@@ -20,8 +20,12 @@ one grid sweep ``<name>-confirm-<rank>`` whose workload overrides fix (p, lr) an
 are the repeats; all of them log into stage 1's MLflow store and Parquet root.
 
 Output: the best p with a 95% t-interval of the final validation loss over the confirmation
-seeds, the runners-up, a divergence map (``divergence_map.png``) and Optuna's parameter
-importances, printed and written to ``<sweep dir>/search_p.{md,json}``.
+seeds, the runners-up, the answer (``analysis.search_p.answer``: the best finite p +- the
+range of p within noise of it, and whether p = inf is within noise of it, Welch), the response
+curve (``response_curve.png``: best-lr val loss vs p with CIs), a divergence map
+(``divergence_map.png``) and Optuna's parameter importances, printed and written to
+``<sweep dir>/search_p.{md,json}``. Confirmation takes the top-k *distinct* p values
+(``select_top_k``), plus p = inf when stage 1 has it, each at its best lr.
 """
 
 from __future__ import annotations
@@ -37,7 +41,13 @@ from typing import Any
 
 import yaml
 
-from orchestrator.analysis.search_p import divergence_map, jsonable, render_markdown
+from orchestrator.analysis.search_p import (
+    answer,
+    divergence_map,
+    jsonable,
+    render_markdown,
+    response_curve,
+)
 from orchestrator.analysis.stats import t_interval
 from orchestrator.sweep.also_axis import axis_decode
 from orchestrator.sweep.params import P_KEY, Param
@@ -47,6 +57,7 @@ from orchestrator.sweep.spec_yaml import spec_from_dict
 
 __all__ = ["P_KEY", "LR_KEY", "SAMPLERS", "SearchPError", "SearchPResult", "search_p",
            "stage1_spec", "confirm_specs", "observations", "params_from_optuna", "select_top_k",
+           "p_bucket",
            "summarize", "param_importances", "divergence_map", "render_markdown",
            "storage_url", "trial_steps"]
 
@@ -69,6 +80,7 @@ class SearchPResult:
     confirm: list[dict[str, Any]]
     files: dict[str, str] = field(default_factory=dict)
     trial_steps: dict[str, int] = field(default_factory=dict)
+    answer: dict[str, Any] = field(default_factory=dict)  # analysis.search_p.answer
 
 
 # --- specs ---------------------------------------------------------------------------------
@@ -189,28 +201,51 @@ def _ident(params: Mapping[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
-def select_top_k(obs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
-    """The ``k`` best distinct configurations of stage 1, seed excluded.
+def p_bucket(p: Any, per_octave: int = 2) -> Any:
+    """The p that two trials must differ in to count as distinct: ``inf``, or log2 p rounded
+    to 1/``per_octave`` octave (a continuous search never repeats p exactly, but p = 4.01 and
+    p = 4.02 are not two answers to "which p")."""
+    if p is None:
+        return None
+    if isinstance(p, str) or math.isinf(p):
+        return "inf"
+    return round(math.log2(p) * per_octave) / per_octave
+
+
+def select_top_k(obs: list[dict[str, Any]], k: int, with_inf: bool = True) -> list[dict[str, Any]]:
+    """The best configurations of ``k`` **distinct** p values (``p_bucket``), each at its best lr.
 
     Completed trials first, lowest final val loss first. Under ASHA few trials complete, so
     the remaining places go to early-stopped trials, those that reached the highest rung
     first (then the lower loss there). Diverged and failed trials are never confirmed.
+    ``with_inf``: when stage 1 has an eligible p = inf trial but none of the k places went to
+    it, its best configuration is appended (k + 1 in all), so that the answer can say whether
+    p = inf is within noise of the best finite p (issue 17 §3); likewise a finite p is
+    appended when only p = inf made it. Specs without p: distinct configurations.
     """
     def finite(o: Mapping[str, Any]) -> bool:
         return o["loss"] is not None and math.isfinite(o["loss"])
+
+    def sig(o: Mapping[str, Any]) -> Any:
+        return p_bucket(o["p"]) if o["p"] is not None else _ident(o["params"])
 
     done = sorted((o for o in obs if o["status"] == "completed" and finite(o)),
                   key=lambda o: o["loss"])
     stopped = sorted((o for o in obs if o["status"] == "stopped" and finite(o)),
                      key=lambda o: (-o["steps"], o["loss"]))
     chosen, seen = [], set()
+    first_of: dict[bool, dict[str, Any]] = {}
     for o in done + stopped:
-        sig = _ident(o["params"])
-        if sig not in seen:
-            seen.add(sig)
+        if o["p"] is not None:
+            first_of.setdefault(p_bucket(o["p"]) == "inf", o)
+        if len(chosen) < k and sig(o) not in seen:
+            seen.add(sig(o))
             chosen.append(dict(o["params"]))
-        if len(chosen) == k:
-            break
+    if with_inf and chosen:
+        kinds = {p_bucket(c.get(P_KEY)) == "inf" for c in chosen if P_KEY in c}
+        for is_inf, o in first_of.items():
+            if is_inf not in kinds:
+                chosen.append(dict(o["params"]))
     return chosen
 
 
@@ -351,8 +386,11 @@ def _report(s1: SweepSpec, root: Path, url: str, configs: list[dict[str, Any]],
     res = SearchPResult(best=best, runners_up=rows[1:] if best else rows, importances=imps,
                         importance_note=note, stage1=obs1, confirm=obs2,
                         trial_steps={"stage1": trial_steps(obs1), "confirm": trial_steps(obs2)})
+    res.answer = answer(rows)
+    curve = response_curve(rows, root / "response_curve.png")
     res.files = {"markdown": str(root / "search_p.md"), "json": str(root / "search_p.json"),
-                 "divergence_map": str(map_path), "optuna_db": str(db)}
+                 "divergence_map": str(map_path), "response_curve": str(curve),
+                 "optuna_db": str(db)}
     counts: dict[str, int] = {}
     for o in obs1:
         counts[o["status"]] = counts.get(o["status"], 0) + 1
@@ -367,6 +405,7 @@ def _report(s1: SweepSpec, root: Path, url: str, configs: list[dict[str, Any]],
     text = render_markdown(s1.name, res, notes)
     Path(res.files["markdown"]).write_text(text)
     payload = {"name": s1.name, "algorithm": s1.search.algorithm, "best": best,
+               "answer": res.answer,
                "runners_up": res.runners_up, "importances": imps, "importance_note": note,
                "trial_steps": res.trial_steps,
                "stage1": obs1, "confirm": obs2, "files": res.files, "study": url,

@@ -161,3 +161,16 @@ def test_mde_matches_formula_and_shrinks_with_n():
     assert mde(0.0, 4) == 0.0
     with pytest.raises(ValueError, match="alpha"):
         mde(1.0, 4, alpha=1.5)
+
+
+def test_welch_matches_scipy():
+    from orchestrator.analysis.stats import welch
+
+    a, b = [2.0, 2.2, 2.1, 2.4], [2.5, 2.9, 2.6]
+    r = welch(a, b)
+    ref = st.ttest_ind(a, b, equal_var=False)
+    assert r.p == pytest.approx(ref.pvalue)
+    assert r.mean == pytest.approx(np.mean(a) - np.mean(b))
+    ci = ref.confidence_interval(0.95)
+    assert (r.lo, r.hi) == pytest.approx((ci.low, ci.high))
+    assert math.isnan(welch([1.0], b).p) and welch([1.0, 1.0], [1.0, 1.0]).p == 1.0

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from scipy import stats as st
 
+from orchestrator.analysis.stats import t_interval
 from orchestrator.sweep.divergence import DivergenceRules, penalty_value
 from orchestrator.sweep.search_p import (
     LR_KEY,
@@ -26,6 +27,7 @@ from orchestrator.sweep.search_p import (
     confirm_specs,
     divergence_map,
     observations,
+    p_bucket,
     param_importances,
     params_from_optuna,
     render_markdown,
@@ -120,7 +122,7 @@ def test_top_k_and_confidence_intervals(searched):
     _, _, records, obs = searched
     dup = dict(records[0], trial="dup")  # the same configuration twice counts once
     obs2 = observations([*records, dup], [P_KEY, LR_KEY], 1e-3)
-    top = select_top_k(obs2, 3)
+    top = select_top_k(obs2, 3, with_inf=False)
     done = sorted((o for o in obs2 if o["status"] == "completed"), key=lambda o: o["loss"])
     assert len(top) == 3 and len({tuple(sorted(t.items())) for t in top}) == 3
     assert top[0] == done[0]["params"]
@@ -154,6 +156,54 @@ def test_top_k_fills_with_asha_stopped_trials_by_rung():
                         rec("e", "stopped", 16.0, 3.1, 30)], [P_KEY, LR_KEY])
     assert [c[P_KEY] for c in select_top_k(obs, 3)] == [2.0, 16.0, 4.0]
     assert [c[P_KEY] for c in select_top_k(obs, 9)] == [2.0, 16.0, 4.0, 1.0]  # never diverged
+
+
+def test_top_k_takes_distinct_p_each_at_its_best_lr_and_adds_inf():
+    def rec(t, p, lr, loss, status="completed"):
+        return {"trial": t, "status": status, "params": {P_KEY: p, LR_KEY: lr},
+                "final_val_loss": loss, "last_step": 100}
+
+    obs = observations([rec("a", math.inf, 1e-3, 2.0), rec("b", math.inf, 3e-3, 2.1),
+                        rec("c", 4.0, 1e-3, 2.2), rec("d", 4.1, 3e-3, 2.15),  # same bucket
+                        rec("e", 1.0, 1e-3, 2.5), rec("f", 16.0, 1e-3, 2.4),
+                        rec("g", 0.5, 1e-3, 2.6, "stopped")], [P_KEY, LR_KEY])
+    top = select_top_k(obs, 3)
+    assert [(c[P_KEY], c[LR_KEY]) for c in top] == [(math.inf, 1e-3), (4.1, 3e-3), (16.0, 1e-3)]
+    # inf not among the top k: appended at its best lr, so the answer can compare it
+    late = observations([rec("x", 8.0, 1e-3, 2.0), rec("y", 4.0, 1e-3, 2.1),
+                         rec("z", math.inf, 3e-3, 3.0), rec("w", math.inf, 1e-3, 3.5)],
+                        [P_KEY, LR_KEY])
+    assert [(c[P_KEY], c[LR_KEY]) for c in select_top_k(late, 2)] == [
+        (8.0, 1e-3), (4.0, 1e-3), (math.inf, 3e-3)]
+    assert [c[P_KEY] for c in select_top_k(late, 2, with_inf=False)] == [8.0, 4.0]
+    # only inf made the top k: the best finite p is appended
+    assert [c[P_KEY] for c in select_top_k(obs, 1)] == [math.inf, 4.1]
+    assert p_bucket(4.0) == p_bucket(4.1) == 2.0 and p_bucket(math.inf) == "inf"
+    assert p_bucket(2.9) == 1.5
+
+
+def test_answer_says_best_finite_p_and_whether_inf_is_within_noise(tmp_path):
+    from orchestrator.analysis.search_p import answer, response_curve
+
+    def row(p, losses):
+        m, lo, hi = t_interval(losses)
+        return {"p": p, "lr": 1e-3, "mean": m, "lo": lo, "hi": hi, "n": len(losses),
+                "losses": losses}
+
+    rows = [row(4.0, [2.00, 2.02, 1.98]), row(8.0, [2.01, 2.05, 1.99]),
+            row(1.0, [2.50, 2.52, 2.48]), row(math.inf, [2.03, 1.97, 2.04])]
+    a = answer(rows)
+    assert a["best_finite"]["p"] == 4.0 and a["best_finite"]["mean"] == pytest.approx(2.0)
+    assert a["p_range"] == [4.0, 8.0]  # p = 1 is separated (Welch p << 0.05)
+    assert a["inf"]["within_noise"] is True
+    assert a["inf"]["diff"] == pytest.approx(np.mean([2.03, 1.97, 2.04]) - 2.0)
+    assert st.ttest_ind([2.03, 1.97, 2.04], [2.00, 2.02, 1.98],
+                        equal_var=False).pvalue == pytest.approx(a["inf"]["welch_p"])
+    far = answer([*rows[:3], row(math.inf, [2.9, 2.95, 2.92])])
+    assert far["inf"]["within_noise"] is False and far["inf"]["diff"] > 0.8
+    assert answer([row(math.inf, [2.0])])["best_finite"] is None
+    path = response_curve(rows, tmp_path / "curve.png")
+    assert path.stat().st_size > 10_000
 
 
 def test_importances_are_dotted_keys(searched):
@@ -287,7 +337,8 @@ def test_search_p_end_to_end(tmp_path):
                           cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     root = tmp_path / "out" / "tinyp"
-    for f in ("search_p.md", "search_p.json", "divergence_map.png", "optuna.db"):
+    for f in ("search_p.md", "search_p.json", "divergence_map.png", "response_curve.png",
+              "optuna.db"):
         assert (root / f).stat().st_size > 0, f
     with sqlite3.connect(root / "optuna.db") as db:
         states = [s for (s,) in db.execute("select state from trials")]
@@ -305,8 +356,21 @@ def test_search_p_end_to_end(tmp_path):
     if best["n"] == 2:
         assert best["lo"] <= best["mean"] <= best["hi"]
         assert np.mean(best["losses"]) == pytest.approx(best["mean"])
-    assert len(res["stage1"]) == 4 and len(res["confirm"]) == 4
-    assert res["trial_steps"]["confirm"] <= 4 * 12
+    # confirmation: distinct p values (plus inf or a finite p when only the other made it)
+    confirmed = [r["p"] for r in [best, *res["runners_up"]]]
+    buckets = [p if p == "inf" else round(math.log2(p) * 2) / 2 for p in confirmed]
+    assert len(set(buckets)) == len(buckets) and 2 <= len(buckets) <= 3, confirmed
+    assert len(res["stage1"]) == 4 and len(res["confirm"]) == 2 * len(confirmed)
+    assert res["trial_steps"]["confirm"] <= 2 * len(confirmed) * 12
+    ans = res["answer"]
+    assert set(ans) == {"best_finite", "p_range", "inf", "alpha"}
+    if ans["best_finite"] is not None:
+        bf = ans["best_finite"]
+        assert bf["p"] in confirmed and bf["p"] != "inf"
+        assert ans["p_range"][0] <= bf["p"] <= ans["p_range"][1]
+    if ans["inf"] is not None and ans["best_finite"] is not None:
+        assert ans["inf"]["within_noise"] in (True, False, None)
+    assert "Best finite p =" in proc.stdout or ans["best_finite"] is None
     assert all(o["seed"] in (1, 2) for o in res["confirm"])
     assert "Best p =" in proc.stdout and "Parameter importances" in proc.stdout
     # the same folder again without --resume is refused with one line
