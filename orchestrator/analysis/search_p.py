@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["divergence_map", "render_markdown", "jsonable", "answer", "response_curve",
-           "ALPHA"]
+__all__ = ["divergence_boundary", "divergence_map", "render_markdown", "jsonable", "answer",
+           "response_curve", "ALPHA"]
 
 ALPHA = 0.05  # "within noise": a two-sided Welch test at this level does not separate them
 
@@ -95,8 +95,38 @@ def response_curve(rows: list[Mapping[str, Any]], path: Path) -> Path:
     return path
 
 
+def divergence_boundary(obs: list[dict[str, Any]], c: float = 1.0) -> dict[str, float] | None:
+    """Logistic regression of diverged (1) vs not (0) on (log2 p, log10 lr), finite p only.
+
+    Returns ``{"b0", "b_p", "b_lr"}`` with P(diverged) = sigmoid(b0 + b_p log2 p + b_lr
+    log10 lr); the drawn boundary is P = 1/2 (lr at which p starts to diverge). L2-regularised
+    (``c``: sklearn's inverse strength) so that a perfectly separable small sample still gives
+    a finite, centred line. ``None`` without both classes among >= 4 trials."""
+    pts = [o for o in obs if o["p"] is not None and o["lr"] and o["lr"] > 0
+           and math.isfinite(o["p"]) and o["status"] in ("completed", "stopped", "diverged")]
+    y = [o["status"] == "diverged" for o in pts]
+    if len(pts) < 4 or all(y) or not any(y):
+        return None
+    import numpy as np
+    from scipy.optimize import minimize
+
+    x = np.array([[1.0, math.log2(o["p"]), math.log10(o["lr"])] for o in pts])
+    t = np.array(y, dtype=float)
+
+    def loss(b: np.ndarray) -> tuple[float, np.ndarray]:
+        z = x @ b  # log loss + L2 on the slopes (not the intercept), as sklearn's C does
+        nll = float(np.sum(np.logaddexp(0.0, z) - t * z))
+        g = x.T @ (1.0 / (1.0 + np.exp(-z)) - t)
+        reg = np.array([0.0, *b[1:]]) / c
+        return nll + 0.5 * float(b[1:] @ b[1:]) / c, g + reg
+
+    b = minimize(loss, np.zeros(3), jac=True, method="L-BFGS-B").x
+    return {"b0": float(b[0]), "b_p": float(b[1]), "b_lr": float(b[2])}
+
+
 def divergence_map(obs: list[dict[str, Any]], path: Path) -> Path:
-    """log2 p vs log10 lr: x = diverged, colour = final val loss, p = inf at the right."""
+    """log2 p vs log10 lr: x = diverged, colour = final val loss, p = inf at the right, and
+    the stable region's boundary (``divergence_boundary``, P(diverged) = 1/2) as a line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -124,6 +154,12 @@ def divergence_map(obs: list[dict[str, Any]], path: Path) -> Path:
     if div:
         ax.scatter(*xy(div), marker="x", c="red", s=50, label="diverged", zorder=4)
     ax.axvline(x_inf - 0.75, color="0.8", linestyle=":")
+    fit = divergence_boundary(obs)
+    if fit is not None and abs(fit["b_lr"]) > 1e-9:
+        xs = [min([-2.0, *finite]) + i * (x_inf - 0.75 - min([-2.0, *finite])) / 50
+              for i in range(51)]
+        ax.plot(xs, [-(fit["b0"] + fit["b_p"] * x) / fit["b_lr"] for x in xs], "r--", lw=1.2,
+                label="boundary: P(diverged) = 1/2 (logistic fit)")
     ticks = sorted({-2, 0, 2, 4, 6} | {round(v) for v in finite})
     ax.set_xlim(min([-2.0, *finite]) - 0.5, x_inf + 0.5)
     ax.set_xticks([*ticks, x_inf], [*(f"{2.0 ** t:g}" for t in ticks), "inf"])
@@ -186,7 +222,10 @@ def render_markdown(name: str, res: Any, notes: list[str]) -> str:
     div = [o for o in res.stage1 if o["status"] == "diverged"]
     lines += ["", "## Where (p, lr) diverged", "",
               f"{len(div)} of {len(res.stage1)} search trials diverged "
-              "(each told to the sampler with its penalty value).", "",
+              "(each told to the sampler as a violated constraint `diverged`, with its penalty "
+              "value; ASHA-stopped trials as PRUNED). The dashed line is the boundary of the "
+              "stable region: a logistic regression of diverged vs not on (log2 p, log10 lr) "
+              "over the finite-p trials, P(diverged) = 1/2.", "",
               "![divergence map](divergence_map.png)", ""]
     for o in sorted(div, key=lambda o: (o["p"] or 0, o["lr"] or 0)):
         lines.append(f"- p = {_fmt_p(o['p'])}, lr = {o['lr']:.3g}: diverged by step {o['steps']}")

@@ -348,6 +348,10 @@ def test_search_p_end_to_end(tmp_path):
     s1 = {o["trial"]: o["status"] for o in json.loads((root / "search_p.json").read_text())
           ["stage1"]}
     assert states.count("PRUNED") == sum(v == "stopped" for v in s1.values()), (states, s1)
+    with sqlite3.connect(root / "optuna.db") as db:  # diverged trials violate the constraint
+        violated = db.execute("select count(*) from trial_system_attributes where key = "
+                              "'constraints:diverged' and value_json = '1.0'").fetchone()[0]
+    assert violated == sum(v == "diverged" for v in s1.values()), s1
     assert "trial/optim.lr" in names and f"trial/{P_KEY}:axis" in names
     res = json.loads((root / "search_p.json").read_text())
     best = res["best"]
@@ -432,3 +436,23 @@ def test_study_states_tell_the_truth(tmp_path):
     assert study.trials[1].constraints == {"diverged": 1.0}
     assert study.trials[2].intermediate_values == {1: 4.0}
     assert study.best_trial.number == 0  # the infeasible diverged trial is never the best
+
+
+def test_divergence_boundary_separates_planted_regions():
+    from orchestrator.analysis.search_p import divergence_boundary
+
+    obs = []
+    for lp in range(-2, 7):
+        for llr in (-4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0):
+            lr = 10.0 ** llr
+            diverged = llr > -2.0 + 0.1 * lp  # the planted boundary: stabler at larger p
+            obs.append({"p": 2.0 ** lp, "lr": lr, "status": "diverged" if diverged
+                        else "completed"})
+    fit = divergence_boundary(obs, c=100.0)
+    b0, bp, blr = fit["b0"], fit["b_p"], fit["b_lr"]
+    assert blr > 0 and bp < 0  # higher lr diverges, larger p is stabler
+    for o in obs:  # the fitted P = 1/2 line classifies every planted trial
+        z = b0 + bp * math.log2(o["p"]) + blr * math.log10(o["lr"])
+        assert (z > 0) == (o["status"] == "diverged"), o
+    assert divergence_boundary(obs[:3]) is None
+    assert divergence_boundary([dict(o, status="completed") for o in obs]) is None
