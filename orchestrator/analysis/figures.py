@@ -146,6 +146,17 @@ def _fig_val_vs_p(data: SweepData, cfg: ReportConfig, arms, colors, path) -> str
                 if part.any():
                     ax.errorbar(x_of(p[part]), m[part], yerr=err[:, part], color=color,
                                 marker="o", ms=4, capsize=3, lw=1.2, label=label)
+        stopped = g[g["status"] == "stopped"]  # ASHA-stopped: last val loss, step reached
+        if len(stopped):
+            ax.scatter(x_of(stopped["_p"].to_numpy()), stopped["final_val_loss"], s=28,
+                       facecolors="none", edgecolors=color, lw=1.0,
+                       label=f"stopped early ({name})" if name else "stopped early (ASHA)")
+            if "last_step" in stopped.columns and len(stopped) <= 40:
+                for x, y, st in zip(x_of(stopped["_p"].to_numpy()), stopped["final_val_loss"],
+                                    stopped["last_step"]):
+                    if np.isfinite(y) and pd.notna(st):
+                        ax.annotate(f"@{int(st)}", (x, y), xytext=(3, 3), fontsize=6,
+                                    textcoords="offset points", color=color)
         div = g[g["status"] == "diverged"]
         if len(div):
             ax.plot(x_of(div["_p"].to_numpy()), np.full(len(div), 0.96 - 0.03 * i), "x",
@@ -167,12 +178,19 @@ def _fig_val_vs_p(data: SweepData, cfg: ReportConfig, arms, colors, path) -> str
     ticks = list(finite) if len(finite) <= 10 else [
         2.0 ** k for k in range(math.floor(math.log2(lo_p)), math.ceil(math.log2(hi_p)) + 1)]
     has_inf = bool(np.isinf(with_p["_p"]).any())
-    if has_inf:
-        ax.axvline(math.sqrt(hi_p * x_inf), color="0.6", ls=":", lw=1)
+    # every p inside the axes (p = inf was drawn half-clipped at the edge: issue 17 §4)
+    ax.set_xlim(lo_p / 1.6, (x_inf if has_inf else hi_p) * 1.6)
+    if has_inf:  # an explicit axis break between the finite p and p = inf
+        x_break = math.sqrt(hi_p * x_inf)
+        ax.axvline(x_break, color="0.6", ls=":", lw=1)
+        for y in (0.0, 1.0):
+            ax.text(x_break, y, "//", transform=ax.get_xaxis_transform(), ha="center",
+                    va="center", fontsize=11, backgroundcolor="white", clip_on=False)
     ax.set_xticks(ticks + ([x_inf] if has_inf else []),
                   [f"{v:g}" for v in ticks] + (["inf"] if has_inf else []))
     ax.set(xlabel=f"p ({col})", ylabel="final validation loss",
-           title=f"validation loss vs p: mean and {cfg.conf:.0%} CI over seeds; x = diverged")
+           title=f"val loss vs p: mean, {cfg.conf:.0%} CI; o = stopped early (@step), "
+                 "x = diverged")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.savefig(path)

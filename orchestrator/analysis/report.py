@@ -53,7 +53,8 @@ def write_report(root: str | Path, baseline: str | None = None,
         cfg = dataclasses.replace(cfg, metric=metric)
     data = load_sweep(root)
     data.trials = with_metric(data, cfg.metric)  # validates --metric before anything is written
-    arms = arm_table(data, baseline, cfg)  # validates --baseline before anything is written
+    named = _named_baseline(data.root)
+    arms = arm_table(data, baseline, cfg, named)  # validates the baseline before any write
     out = data.root / "report"
     out.mkdir(exist_ok=True)
     for old in out.glob("*.png"):  # figures of an earlier report that may not apply any more
@@ -63,7 +64,8 @@ def write_report(root: str | Path, baseline: str | None = None,
     trials = data.trials.assign(spikes=data.trials["trial"].map(spikes))
     lead = [c for c in dict.fromkeys(("trial", "arm", "seed", "status", "final_val_loss",
                                       cfg.metric, "best_val_loss", "final_train_loss",
-                                      "divergence_reason", "divergence_step", "spikes"))
+                                      "last_step", "divergence_reason", "divergence_step",
+                                      "spikes"))
             if c in trials.columns]
     trials = trials[lead + [c for c in trials.columns if c not in lead]]
     arms.to_csv(out / "arms.csv", index=False)
@@ -77,7 +79,9 @@ def write_report(root: str | Path, baseline: str | None = None,
     lines = [
         f"# Sweep report: {data.name}", "",
         f"Parquet dataset `{data.parquet_root}`; {len(data.trials)} trials ("
-        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"); baseline arm `{base}`.",
+        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"); baseline arm `{base}` ("
+        + ("named by the spec" if named is not None and baseline is None else
+           "given" if baseline else "never a diverged arm: analysis/baseline.py") + ").",
         "", "## Arms", "", _md_table(_arms_md(arms)),
         f"Losses: mean [{cfg.conf:.0%} t-interval] over completed seeds. Diff: arm - baseline "
         + ("final val loss" if cfg.metric == "final_val_loss" else f"`{cfg.metric}`")
@@ -102,6 +106,17 @@ def write_report(root: str | Path, baseline: str | None = None,
         note = log_report(data.manifest.get("mlflow_uri"), data.name, out)
         md.write_text("\n".join(lines + ["## MLflow", "", f"- {note}", ""]))
     return md
+
+
+def _named_baseline(root: Path):
+    """The spec's ``report.baseline`` (``<root>/spec.yaml``), or None."""
+    import yaml
+
+    f = Path(root) / "spec.yaml"
+    if not f.exists():
+        return None
+    d = yaml.safe_load(f.read_text()) or {}
+    return (d.get("report") or {}).get("baseline")
 
 
 def _metrics_md(data: SweepData, cfg: ReportConfig, mtab) -> list[str]:

@@ -7,6 +7,8 @@
 - ``paired_difference``: paired t-test of a - b over shared seeds (same data order and init
   per seed, so pairing removes the seed-to-seed variance shared by both arms).
 - ``spike_count``: loss-spike episodes of one curve (median/MAD over a window).
+- ``welch``: Welch's unpaired two-sample t comparison of a - b (unequal variances).
+- ``mde``: minimum detectable effect of a two-sample comparison with n seeds per arm.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ __all__ = [
     "holm",
     "paired_difference",
     "spike_count",
+    "mde",
+    "welch",
 ]
 
 NAN = float("nan")
@@ -168,3 +172,44 @@ def spike_count(losses: Iterable[float], factor: float, min_delta: float = 0.0, 
         if math.isfinite(v) and not spiking:  # spikes stay out of the reference window
             recent.append(v)
     return count
+
+
+def mde(s: float, n: int, alpha: float = 0.05, power: float = 0.8,
+        df: float | None = None) -> float:
+    """Minimum detectable effect of a two-sided, two-sample t comparison, n seeds per arm.
+
+    MDE = (t_{1-alpha/2, df} + t_{power, df}) * s * sqrt(2 / n), the smallest true difference
+    of means that a level-``alpha`` test detects with probability ``power`` when both arms have
+    standard deviation ``s`` (``s``: the pooled seed-to-seed standard deviation, or the SD of
+    the paired differences times 1/sqrt(2) for a paired design). ``df`` defaults to the pooled
+    two-sample 2n - 2. n < 2 (or df <= 0) -> inf: nothing can be detected without a spread.
+    A comparison is "decided" for a stated effect e when its CI excludes 0 or MDE <= e.
+    """
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"mde: need 0 < alpha < 1 and 0 < power < 1, got {alpha}, {power}")
+    if s < 0 or math.isnan(s):
+        raise ValueError(f"mde: s must be a standard deviation >= 0, got {s}")
+    dof = 2 * n - 2 if df is None else df
+    if n < 2 or dof <= 0:
+        return math.inf
+    t = float(st.t.ppf(1 - alpha / 2, dof) + st.t.ppf(power, dof))
+    return t * s * math.sqrt(2.0 / n)
+
+
+def welch(a: Iterable[float], b: Iterable[float], conf: float = 0.95) -> PairedResult:
+    """Welch's two-sample comparison of mean(a) - mean(b) over the finite values (unpaired:
+    different seeds, or arms whose seeds do not correspond). ``n`` is min(n_a, n_b); fewer
+    than 2 values on a side -> nan interval and p-value. Welch-Satterthwaite df."""
+    x, y = _finite(a), _finite(b)
+    n = min(len(x), len(y))
+    mean = float(x.mean() - y.mean()) if n else NAN
+    if n < 2:
+        return PairedResult(n, mean, NAN, NAN, NAN)
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se2 = float(va + vb)
+    if se2 == 0.0:  # both spreads zero: the limit of the test
+        return PairedResult(n, mean, mean, mean, 1.0 if mean == 0.0 else 0.0)
+    df = se2 ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
+    half = float(st.t.ppf(0.5 + conf / 2, df) * math.sqrt(se2))
+    p = float(st.ttest_ind(x, y, equal_var=False).pvalue)
+    return PairedResult(n, mean, mean - half, mean + half, p)

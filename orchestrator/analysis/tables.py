@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from orchestrator.analysis.baseline import choose_baseline
 from orchestrator.analysis.load import (
     TERMINAL,
     ReportConfig,
     SweepData,
     _by_seed,
     arm_order,
-    resolve_baseline,
     trial_spikes,
     with_metric,
 )
@@ -28,21 +29,26 @@ from orchestrator.analysis.stats import (
 
 
 def arm_table(data: SweepData, baseline: str | None = None,
-              config: ReportConfig | None = None) -> pd.DataFrame:
+              config: ReportConfig | None = None, named: Any = None) -> pd.DataFrame:
     """One row per arm. Losses over completed trials; ``metric_*`` = ``cfg.metric`` (default
     final val loss); ``diff_*`` = arm - baseline ``cfg.metric`` paired by seed; ``p_holm``
     adjusted over the non-baseline arms; ``div_*`` over completed + diverged trials
-    (failed/running trials are infrastructure, not outcomes)."""
+    (failed/running trials are infrastructure, not outcomes). The baseline:
+    ``analysis.baseline.choose_baseline`` (``named``: the spec's ``report.baseline``), never
+    a diverged arm. ASHA-stopped trials stay: ``n_stopped``, the highest step they reached
+    (``stopped_step``) and their mean last val loss there (``stopped_val``)."""
     cfg = config or ReportConfig()
     t = with_metric(data, cfg.metric)
     arms = arm_order(t)
-    base = resolve_baseline(arms, baseline)
+    base = choose_baseline(t, cfg.metric, baseline, named)
     spikes = trial_spikes(data, cfg)
+    step_col = next((c for c in ("last_step", "steps") if c in t.columns), None)
     base_done = t[(t["arm"] == base) & (t["status"] == "completed")]
     rows = []
     for arm in arms:
         g = t[t["arm"] == arm]
         done = g[g["status"] == "completed"]
+        stopped = g[g["status"] == "stopped"]
         n_div = int((g["status"] == "diverged").sum())
         n_term = int(g["status"].isin(TERMINAL).sum())
         fm, flo, fhi = t_interval(done["final_val_loss"], cfg.conf)
@@ -57,6 +63,11 @@ def arm_table(data: SweepData, baseline: str | None = None,
             "arm": arm, "baseline": arm == base, "n_seeds": int(g["seed"].nunique()),
             "n_trials": len(g), "n_completed": len(done), "n_diverged": n_div,
             "n_failed": int((g["status"] == "failed").sum()),
+            "n_stopped": len(stopped),
+            "stopped_step": float(stopped[step_col].max()) if len(stopped) and step_col
+            else np.nan,
+            "stopped_val": float(pd.to_numeric(stopped["final_val_loss"], errors="coerce")
+                                 .mean()) if len(stopped) else np.nan,
             "final_val_mean": fm, "final_val_lo": flo, "final_val_hi": fhi,
             "best_val_mean": bm, "best_val_lo": blo, "best_val_hi": bhi,
             "metric": cfg.metric, "metric_mean": mm, "metric_lo": mlo, "metric_hi": mhi,
@@ -167,8 +178,13 @@ def _arms_md(arms: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "arm": r["arm"] + np.where(r["baseline"], " (baseline)", ""),
         "seeds": r["n_seeds"],
-        "done/div/fail": [f"{a}/{b}/{c}" for a, b, c in
-                          zip(r["n_completed"], r["n_diverged"], r["n_failed"])],
+        "done/stopped/div/fail": [f"{a}/{s}/{b}/{c}" for a, s, b, c in
+                                  zip(r["n_completed"], r["n_stopped"], r["n_diverged"],
+                                      r["n_failed"])],
+        "stopped early (ASHA)": ["-" if not n else
+                                 f"{n} @ step {_fmt(st, 6)}: val {_fmt(v)}"
+                                 for n, st, v in zip(r["n_stopped"], r["stopped_step"],
+                                                     r["stopped_val"])],
         "final val loss": ci("final_val"), "best val loss": ci("best_val"),
         **({} if r["metric"].iloc[0] == "final_val_loss" else {r["metric"].iloc[0]: ci("metric")}),
         "diff vs baseline": ci("diff"),

@@ -1,10 +1,12 @@
-"""`geosweep resume DIR [--more-seeds N | --num-samples N]`: finish or extend a sweep."""
+"""`geosweep resume DIR [--more-seeds N | --num-samples N | --until-decided]`: finish or
+extend a sweep."""
 
 from __future__ import annotations
 
 import argparse
 
 from orchestrator.cli.checks import check_address, load_cli_spec, sweep_dir
+from orchestrator.cli.decided import run_until_decided
 from orchestrator.cli.errors import UsageError
 from orchestrator.cli.run import execute
 
@@ -16,8 +18,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         n = getattr(args, flag)
         if n is not None and n < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {n}")
-    if args.more_seeds and args.num_samples:
-        raise UsageError("--more-seeds and --num-samples: give one of them per resume")
+    if sum(map(bool, (args.more_seeds, args.num_samples, args.until_decided))) > 1:
+        raise UsageError("--more-seeds, --num-samples and --until-decided: give one of them "
+                         "per resume")
     from orchestrator.cli.preflight import check_tracking
     from orchestrator.store.lock import lock_sweep
     from orchestrator.store.manifest import read_manifest
@@ -38,6 +41,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     check_tracking(spec, root)
     check_address(args.address)
     lock_sweep(root)
+    if args.until_decided:
+        return run_until_decided(root, spec, args.address, execute)
     ext = Extension(more_seeds=args.more_seeds or 0, num_samples=args.num_samples or 0)
     return execute(spec, root.parent, args.address, resume=True, extend=ext or None)
 
@@ -50,4 +55,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                     help="add N seeds: every grid arm (or completed search trial) again")
     rs.add_argument("--num-samples", type=int, default=None, metavar="N",
                     help="add N trials to a random/Optuna search (the study continues)")
+    rs.add_argument("--until-decided", action="store_true",
+                    help="add seeds to the arms whose comparison with the baseline is still "
+                         "undecided, until decided or the seed budget (seeds: auto) is spent")
     rs.set_defaults(fn=cmd_resume)

@@ -31,7 +31,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_address(args.address)
     check_tracking(spec, out / spec.name)
     prepare_sweep_folder(out / spec.name, resume=args.resume, overwrite=args.overwrite)
-    return execute(spec, out, args.address, resume=args.resume)
+    rc = execute(spec, out, args.address, resume=args.resume)
+    if rc == 0 and spec.seed_budget is not None:  # seeds: auto: race until decided
+        from orchestrator.cli.decided import run_until_decided
+
+        return run_until_decided(out / spec.name, spec, args.address, execute)
+    return rc
 
 
 def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> int:

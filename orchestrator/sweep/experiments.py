@@ -37,6 +37,8 @@ class Extension:
 
     more_seeds: int = 0
     num_samples: int = 0
+    # --until-decided: the new seeds go to these arms (labels) only, the baseline included
+    only_arms: frozenset[str] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.more_seeds or self.num_samples)
@@ -118,6 +120,15 @@ def plan_extension(spec: SweepSpec, records: list[dict[str, Any]], ext: Extensio
     start = max(seen | set(spec.seeds)) + 1
     new_seeds = list(range(start, start + ext.more_seeds))
     whole = spec.model_copy(update={"seeds": list(spec.seeds) + new_seeds})
+    if algo == "grid" and ext.only_arms is not None:  # seeds for some arms only: a list
+        from orchestrator.sweep.space import grid_trials
+
+        picked = [t for t in grid_trials(spec.model_copy(update={"seeds": new_seeds}))
+                  if spec.arm_label(t) in ext.only_arms]
+        if not picked:
+            raise SpecError(f"--until-decided: no arm of the grid is named "
+                            f"{sorted(ext.only_arms)}")
+        return whole, Experiment(name, spec, picked)
     if algo == "grid":
         return whole, Experiment(name, spec.model_copy(update={"seeds": new_seeds}))
     done = [r for r in records if r.get("status") == "completed"]
@@ -129,10 +140,13 @@ def plan_extension(spec: SweepSpec, records: list[dict[str, Any]], ext: Extensio
         params = {k: (int(v) if k in int_keys else v) for k, v in r["params"].items()
                   if k != "train.seed"}
         label = spec.arm_label(params)
-        if label in arms:  # the same configuration twice: repeat it once
-            continue
+        if label in arms or (ext.only_arms is not None and label not in ext.only_arms):
+            continue  # the same configuration twice: repeat it once; or not asked for
         arms.add(label)
         trials += [{**params, "train.seed": s} for s in new_seeds]
+    if not trials:
+        raise SpecError("--until-decided: no completed trial of the arms "
+                        f"{sorted(ext.only_arms or [])}")
     return whole, Experiment(name, spec, trials)
 
 

@@ -58,7 +58,10 @@ class Param(BaseModel):
     """One distribution: exactly one of ``grid | choice | uniform | loguniform | int``.
 
     ``int`` bounds are inclusive. ``also`` adds special values (``inf`` for p) to any kind;
-    ``when`` makes the parameter exist only where earlier space keys take the given value(s).
+    ``also_weight`` is the prior weight of each ``also`` value in intervals of the regular
+    distribution (one octave of a loguniform range: orchestrator/sweep/also_axis.py), so by
+    default p = inf is as likely as p in [32, 64], not 1/2. ``when`` makes the parameter exist
+    only where earlier space keys take the given value(s).
     """
 
     model_config = strict()
@@ -69,6 +72,7 @@ class Param(BaseModel):
     loguniform: list[float] | None = None
     int: list[builtins.int] | None = None  # the YAML word; builtins: the name shadows int
     also: list[Any] = Field(default_factory=list)
+    also_weight: float = 1.0
     when: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -99,6 +103,8 @@ class Param(BaseModel):
             if not low < high:
                 raise ValueError(f"{kind} low must be < high, got [{fmt(low)}, {fmt(high)}]")
         self.also = [scalar(v, "also") for v in self.also]
+        if not (math.isfinite(self.also_weight) and self.also_weight > 0):
+            raise ValueError(f"also_weight must be a finite number > 0, got {self.also_weight}")
         if set(map(ident, self.also)) & set(map(ident, self.values())):
             raise ValueError(f"also repeats a {kind} value: {self.also}")
         when = {}

@@ -7,7 +7,9 @@ through ``build_search(spec, storage=..., study_name=...)``: every ask/report/te
 RDB as it happens, so ``optuna-dashboard sqlite:///<sweep dir>/optuna.db`` shows it live and
 an interrupted search resumes (Tune restores the searcher, whose study is the same RDB study).
 Diverged trials are told their penalty value (``orchestrator.sweep.divergence.penalty_value``) as a
-COMPLETE observation, so the sampler learns where (p, lr) is unstable.
+COMPLETE observation with the violated Optuna constraint ``diverged``, ASHA-stopped trials are
+PRUNED and failed ones FAIL (``orchestrator.sweep.optuna_search``), so the sampler learns where
+(p, lr) is unstable and the study shows what happened.
 
 Stage 2 (confirmation): the top-k distinct configurations of stage 1 (completed trials by
 lowest final validation loss, then ASHA-stopped ones by rung reached) are rerun at the full
@@ -18,8 +20,12 @@ one grid sweep ``<name>-confirm-<rank>`` whose workload overrides fix (p, lr) an
 are the repeats; all of them log into stage 1's MLflow store and Parquet root.
 
 Output: the best p with a 95% t-interval of the final validation loss over the confirmation
-seeds, the runners-up, a divergence map (``divergence_map.png``) and Optuna's parameter
-importances, printed and written to ``<sweep dir>/search_p.{md,json}``.
+seeds, the runners-up, the answer (``analysis.search_p.answer``: the best finite p +- the
+range of p within noise of it, and whether p = inf is within noise of it, Welch), the response
+curve (``response_curve.png``: best-lr val loss vs p with CIs), a divergence map
+(``divergence_map.png``) and Optuna's parameter importances, printed and written to
+``<sweep dir>/search_p.{md,json}``. Confirmation takes the top-k *distinct* p values
+(``select_top_k``), plus p = inf when stage 1 has it, each at its best lr.
 """
 
 from __future__ import annotations
@@ -35,15 +41,23 @@ from typing import Any
 
 import yaml
 
-from orchestrator.analysis.search_p import divergence_map, jsonable, render_markdown
+from orchestrator.analysis.search_p import (
+    answer,
+    divergence_map,
+    jsonable,
+    render_markdown,
+    response_curve,
+)
 from orchestrator.analysis.stats import t_interval
-from orchestrator.sweep.params import P_KEY
-from orchestrator.sweep.space import PREFIX, SPECIAL, flat_from_tune_config
+from orchestrator.sweep.also_axis import axis_decode
+from orchestrator.sweep.params import P_KEY, Param
+from orchestrator.sweep.space import AXIS, PREFIX, SPECIAL, flat_from_tune_config
 from orchestrator.sweep.spec import SpecError, SweepSpec
 from orchestrator.sweep.spec_yaml import spec_from_dict
 
 __all__ = ["P_KEY", "LR_KEY", "SAMPLERS", "SearchPError", "SearchPResult", "search_p",
            "stage1_spec", "confirm_specs", "observations", "params_from_optuna", "select_top_k",
+           "p_bucket",
            "summarize", "param_importances", "divergence_map", "render_markdown",
            "storage_url", "trial_steps"]
 
@@ -66,6 +80,7 @@ class SearchPResult:
     confirm: list[dict[str, Any]]
     files: dict[str, str] = field(default_factory=dict)
     trial_steps: dict[str, int] = field(default_factory=dict)
+    answer: dict[str, Any] = field(default_factory=dict)  # analysis.search_p.answer
 
 
 # --- specs ---------------------------------------------------------------------------------
@@ -128,11 +143,18 @@ def storage_url(root: Path) -> str:
 # --- observations --------------------------------------------------------------------------
 
 
-def params_from_optuna(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Optuna's ``trial/<key>`` + ``trial/<key>:special`` params -> flat dotted overrides."""
+def params_from_optuna(params: Mapping[str, Any],
+                       space: Mapping[str, Param] | None = None) -> dict[str, Any]:
+    """Optuna's ``trial/<key>``, ``trial/<key>:special`` and ``trial/<key>:axis`` params ->
+    flat dotted overrides; an ``:axis`` point is decoded with ``space[<key>]``."""
     pre = PREFIX + "/"
-    return flat_from_tune_config({k[len(pre):] if k.startswith(pre) else k: v
-                                  for k, v in params.items()})
+    flat = {k[len(pre):] if k.startswith(pre) else k: v for k, v in params.items()}
+    for k in [k for k in flat if k.endswith(AXIS)]:
+        key = k[: -len(AXIS)]
+        if space is None or key not in space:
+            raise ValueError(f"params_from_optuna: {k} needs the space of {key} to decode")
+        flat[key] = axis_decode(space[key], flat.pop(k))
+    return flat_from_tune_config(flat)
 
 
 def _num(v: Any) -> float | None:
@@ -179,28 +201,51 @@ def _ident(params: Mapping[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
-def select_top_k(obs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
-    """The ``k`` best distinct configurations of stage 1, seed excluded.
+def p_bucket(p: Any, per_octave: int = 2) -> Any:
+    """The p that two trials must differ in to count as distinct: ``inf``, or log2 p rounded
+    to 1/``per_octave`` octave (a continuous search never repeats p exactly, but p = 4.01 and
+    p = 4.02 are not two answers to "which p")."""
+    if p is None:
+        return None
+    if isinstance(p, str) or math.isinf(p):
+        return "inf"
+    return round(math.log2(p) * per_octave) / per_octave
+
+
+def select_top_k(obs: list[dict[str, Any]], k: int, with_inf: bool = True) -> list[dict[str, Any]]:
+    """The best configurations of ``k`` **distinct** p values (``p_bucket``), each at its best lr.
 
     Completed trials first, lowest final val loss first. Under ASHA few trials complete, so
     the remaining places go to early-stopped trials, those that reached the highest rung
     first (then the lower loss there). Diverged and failed trials are never confirmed.
+    ``with_inf``: when stage 1 has an eligible p = inf trial but none of the k places went to
+    it, its best configuration is appended (k + 1 in all), so that the answer can say whether
+    p = inf is within noise of the best finite p (issue 17 §3); likewise a finite p is
+    appended when only p = inf made it. Specs without p: distinct configurations.
     """
     def finite(o: Mapping[str, Any]) -> bool:
         return o["loss"] is not None and math.isfinite(o["loss"])
+
+    def sig(o: Mapping[str, Any]) -> Any:
+        return p_bucket(o["p"]) if o["p"] is not None else _ident(o["params"])
 
     done = sorted((o for o in obs if o["status"] == "completed" and finite(o)),
                   key=lambda o: o["loss"])
     stopped = sorted((o for o in obs if o["status"] == "stopped" and finite(o)),
                      key=lambda o: (-o["steps"], o["loss"]))
     chosen, seen = [], set()
+    first_of: dict[bool, dict[str, Any]] = {}
     for o in done + stopped:
-        sig = _ident(o["params"])
-        if sig not in seen:
-            seen.add(sig)
+        if o["p"] is not None:
+            first_of.setdefault(p_bucket(o["p"]) == "inf", o)
+        if len(chosen) < k and sig(o) not in seen:
+            seen.add(sig(o))
             chosen.append(dict(o["params"]))
-        if len(chosen) == k:
-            break
+    if with_inf and chosen:
+        kinds = {p_bucket(c.get(P_KEY)) == "inf" for c in chosen if P_KEY in c}
+        for is_inf, o in first_of.items():
+            if is_inf not in kinds:
+                chosen.append(dict(o["params"]))
     return chosen
 
 
@@ -230,7 +275,8 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
     """Optuna's fANOVA importances keyed by dotted config keys, or ``None`` and the reason.
 
     ``trial/<key>`` and its ``trial/<key>:special`` switch (``inf`` or a finite value) are
-    both parts of the choice of ``<key>``: their importances are summed.
+    both parts of the choice of ``<key>``: their importances are summed (an ``:axis`` param is
+    ``<key>`` itself).
     """
     import optuna
     from optuna.trial import TrialState
@@ -251,7 +297,7 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
     merged: dict[str, float] = {}
     pre = PREFIX + "/"
     for name, v in raw.items():
-        key = name.removeprefix(pre).removesuffix(SPECIAL)
+        key = name.removeprefix(pre).removesuffix(SPECIAL).removesuffix(AXIS)
         merged[key] = merged.get(key, 0.0) + float(v)
     return dict(sorted(merged.items(), key=lambda kv: -kv[1])), (
         f"fANOVA over {len(done)} finished trials (p's inf switch counted with p)")
@@ -351,8 +397,11 @@ def _report(s1: SweepSpec, root: Path, url: str, configs: list[dict[str, Any]],
     res = SearchPResult(best=best, runners_up=rows[1:] if best else rows, importances=imps,
                         importance_note=note, stage1=obs1, confirm=obs2,
                         trial_steps={"stage1": trial_steps(obs1), "confirm": trial_steps(obs2)})
+    res.answer = answer(rows)
+    curve = response_curve(rows, root / "response_curve.png")
     res.files = {"markdown": str(root / "search_p.md"), "json": str(root / "search_p.json"),
-                 "divergence_map": str(map_path), "optuna_db": str(db)}
+                 "divergence_map": str(map_path), "response_curve": str(curve),
+                 "optuna_db": str(db)}
     counts: dict[str, int] = {}
     for o in obs1:
         counts[o["status"]] = counts.get(o["status"], 0) + 1
@@ -367,6 +416,7 @@ def _report(s1: SweepSpec, root: Path, url: str, configs: list[dict[str, Any]],
     text = render_markdown(s1.name, res, notes)
     Path(res.files["markdown"]).write_text(text)
     payload = {"name": s1.name, "algorithm": s1.search.algorithm, "best": best,
+               "answer": res.answer,
                "runners_up": res.runners_up, "importances": imps, "importance_note": note,
                "trial_steps": res.trial_steps,
                "stage1": obs1, "confirm": obs2, "files": res.files, "study": url,

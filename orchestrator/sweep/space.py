@@ -9,13 +9,16 @@ overrides plus ``train.seed`` (``flat_from_tune_config`` turns it into the trial
   ``tune.grid_search`` (Tune's semantics: every grid point x num_samples). Conditional params
   and params with ``also`` are ``tune.sample_from`` functions, drawn only where the condition
   holds (``None`` where it fails = absent); each ``also`` value is drawn with probability
-  ``1 / (1 + len(also))``, the regular distribution with the same probability. The trial seed
+  ``also_axis.also_probability`` (``also_weight`` intervals of the regular distribution;
+  issue 17 §3: it used to be 1/2). The trial seed
   is ``seeds[0]``; confirmation runs over seeds are a later stage.
 - optuna-tpe / optuna-gp: ``OptunaSearch`` with a define-by-run function made only of
   ``trial.suggest_*`` calls. Optuna names are ``trial/<dotted key>`` (Ray unflattens on ``/``);
   ``also`` values become a categorical switch ``trial/<key>:special`` in
   ``["none", *also]`` (``inf`` as the string ``"inf"``), and the regular suggest is asked only
-  when the switch is ``"none"``.
+  when the switch is ``"none"``; except a loguniform param with ``also`` (p with inf): one
+  float ``trial/<key>:axis`` on the extended log2 axis (orchestrator/sweep/also_axis.py), whose
+  decoded value the define-by-run function returns as ``trial/<key>``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.sweep.also_axis import also_probability, axis_bounds, axis_decode, uses_axis
 from orchestrator.sweep.params import Param, holds
 from orchestrator.sweep.params import expand as expand_space
 from workloads.config import parse_p
@@ -34,12 +38,13 @@ if TYPE_CHECKING:  # annotations only: spec.py does not import this module (no c
     from orchestrator.sweep.spec import SweepSpec
 
 __all__ = [
-    "PREFIX", "SPECIAL", "REGULAR", "expand", "grid_trials", "count_trials", "build_search",
+    "PREFIX", "SPECIAL", "AXIS", "REGULAR", "expand", "grid_trials", "count_trials", "build_search",
     "define_by_run", "DefineByRun", "flat_from_tune_config", "optuna_param_name",
 ]
 
 PREFIX = "trial"  # config[PREFIX] is the trial's flat override dict
 SPECIAL = ":special"  # suffix of the categorical switch choosing an ``also`` value
+AXIS = ":axis"  # suffix of the extended log2 axis of a loguniform param with also
 REGULAR = "none"  # the switch value meaning "draw from the regular distribution"
 
 
@@ -109,8 +114,11 @@ class _ConditionalDraw:
                 raise RecursiveDependencyError(f"{self.key} depends on {w}")
         if not holds(self.p, trial):
             return None  # absent: the condition fails
-        pick = self.rng.randrange(1 + len(self.p.also))
-        return _draw(self.p, self.rng) if pick == 0 else self.p.also[pick - 1]
+        if not self.p.also:
+            return _draw(self.p, self.rng)
+        u, q = self.rng.random(), also_probability(self.p)
+        i = int(u / q) if q > 0 else len(self.p.also)
+        return self.p.also[i] if i < len(self.p.also) else _draw(self.p, self.rng)
 
 
 def _random_space(spec: SweepSpec, rng: random.Random) -> dict[str, Any]:
@@ -167,10 +175,15 @@ class DefineByRun:
 
     def __call__(self, trial: Any) -> dict[str, Any]:
         got: dict[str, Any] = {}
+        decoded: dict[str, Any] = {}
         for key, p in self.params:
             if not holds(p, got):
                 continue
             name = optuna_param_name(key)
+            if uses_axis(p):
+                got[key] = axis_decode(p, trial.suggest_float(name + AXIS, *axis_bounds(p)))
+                decoded[name] = _enc(got[key])
+                continue
             if p.also:
                 switch = trial.suggest_categorical(name + SPECIAL,
                                                    [REGULAR, *(_enc(v) for v in p.also)])
@@ -185,7 +198,7 @@ class DefineByRun:
                 got[key] = trial.suggest_float(name, *p.loguniform, log=True)
             else:
                 got[key] = trial.suggest_int(name, *p.int)
-        return dict(self.constant)
+        return {**self.constant, **decoded}
 
 
 def define_by_run(spec: SweepSpec) -> DefineByRun:
@@ -256,6 +269,8 @@ def flat_from_tune_config(config: Mapping[str, Any]) -> dict[str, Any]:
     trial = config[PREFIX] if isinstance(config.get(PREFIX), Mapping) else config
     flat: dict[str, Any] = {}
     for k, v in trial.items():
+        if k.endswith(AXIS):
+            continue  # the raw axis point; its decoded value is under the key itself
         if k.endswith(SPECIAL):
             if v != REGULAR:
                 flat[k[: -len(SPECIAL)]] = _dec(v)

@@ -20,6 +20,7 @@ import yaml
 from pydantic import (
     BaseModel,
     Field,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -27,6 +28,7 @@ from pydantic import (
 from orchestrator.sweep.claims import Claim
 from orchestrator.sweep.divergence import DivergenceRules
 from orchestrator.sweep.params import P_KEY, Param, arm_label, expand, fmt, ident, strict
+from orchestrator.sweep.spec_report import AutoSeeds, ReportSpec
 from workloads.config import (
     PRESETS,
     ConfigError,
@@ -176,6 +178,26 @@ class SweepSpec(BaseModel):
     # the papers' claims this sweep can test (orchestrator/sweep/claims.py); `geosweep report`
     # gives each a verdict by orchestrator/analysis/verdicts.py
     claims: list[Claim] = Field(default_factory=list)
+    report: ReportSpec = Field(default_factory=ReportSpec)
+    seed_budget: AutoSeeds | None = None  # set by ``seeds: {auto: true, ...}``
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_seeds(cls, d: Any) -> Any:
+        # seeds: {auto: true, min, max, effect}: start with min seeds, the budget is kept in
+        # seed_budget (orchestrator/sweep/spec_report.py); to_yaml writes both, so it round-trips
+        if isinstance(d, dict) and isinstance(d.get("seeds"), dict):
+            d = dict(d)
+            try:
+                auto = AutoSeeds.model_validate(d["seeds"])
+            except ValidationError as e:
+                err = e.errors()[0]
+                where = ".".join(map(str, ("seeds", *err["loc"])))
+                raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}; "
+                                 "seeds: auto takes auto, min, max, effect, alpha, power, "
+                                 "per_round") from None
+            d["seeds"], d["seed_budget"] = list(range(auto.min)), auto
+        return d
 
     @field_validator("name")
     @classmethod
@@ -414,6 +436,9 @@ class SweepSpec(BaseModel):
         """The resolved spec as YAML (``inf`` as ``.inf``); ``load`` of it gives this spec."""
         d = self.model_dump()
         d["space"] = {k: p.model_dump(exclude_defaults=True) for k, p in self.space.items()}
+        for k in ("report", "seed_budget"):  # optional sections: written only when given
+            if d[k] in (None, ReportSpec().model_dump()):
+                del d[k]
         return yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=100)
 
 

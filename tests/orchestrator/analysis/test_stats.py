@@ -146,3 +146,31 @@ def test_spike_count_episodes():
         spike_count([1.0], 1.0)
     with pytest.raises(ValueError, match="window"):
         spike_count([1.0], 2.0, window=2)
+
+
+def test_mde_matches_formula_and_shrinks_with_n():
+    from orchestrator.analysis.stats import mde
+
+    # n = 5 per arm, df = 8: t_{0.975,8} = 2.306004, t_{0.8,8} = 0.888890
+    assert mde(1.0, 5) == pytest.approx((2.306004 + 0.888890) * math.sqrt(2 / 5), rel=1e-5)
+    assert mde(0.5, 5) == pytest.approx(0.5 * mde(1.0, 5))
+    assert mde(1.0, 8) < mde(1.0, 4) < mde(1.0, 2)
+    # large n: the normal limit (1.959964 + 0.841621) * sqrt(2/n)
+    assert mde(1.0, 20000) == pytest.approx(2.801585 * math.sqrt(2 / 20000), rel=1e-3)
+    assert mde(1.0, 1) == math.inf
+    assert mde(0.0, 4) == 0.0
+    with pytest.raises(ValueError, match="alpha"):
+        mde(1.0, 4, alpha=1.5)
+
+
+def test_welch_matches_scipy():
+    from orchestrator.analysis.stats import welch
+
+    a, b = [2.0, 2.2, 2.1, 2.4], [2.5, 2.9, 2.6]
+    r = welch(a, b)
+    ref = st.ttest_ind(a, b, equal_var=False)
+    assert r.p == pytest.approx(ref.pvalue)
+    assert r.mean == pytest.approx(np.mean(a) - np.mean(b))
+    ci = ref.confidence_interval(0.95)
+    assert (r.lo, r.hi) == pytest.approx((ci.low, ci.high))
+    assert math.isnan(welch([1.0], b).p) and welch([1.0, 1.0], [1.0, 1.0]).p == 1.0

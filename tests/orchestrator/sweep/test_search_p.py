@@ -17,6 +17,7 @@ import pytest
 import yaml
 from scipy import stats as st
 
+from orchestrator.analysis.stats import t_interval
 from orchestrator.sweep.divergence import DivergenceRules, penalty_value
 from orchestrator.sweep.search_p import (
     LR_KEY,
@@ -26,6 +27,7 @@ from orchestrator.sweep.search_p import (
     confirm_specs,
     divergence_map,
     observations,
+    p_bucket,
     param_importances,
     params_from_optuna,
     render_markdown,
@@ -68,7 +70,7 @@ def drive(spec, n: int):
     for i in range(n):
         trial = study.ask()
         space(trial)
-        flat = params_from_optuna(trial.params)
+        flat = params_from_optuna(trial.params, spec.space)
         loss, diverged = planted(flat[P_KEY], flat[LR_KEY])
         value = penalty_value(RULES, INITIAL, None) if diverged else loss
         study.tell(trial, value)
@@ -99,7 +101,7 @@ def test_finds_planted_optimum(searched):
 
 
 def test_planted_divergences_are_observations(searched):
-    _, study, records, obs = searched
+    spec, study, records, obs = searched
     planted_div = [o for o in obs if planted(o["p"], o["lr"])[1]]
     assert planted_div, "the start-up trials must hit the planted region"
     assert {o["trial"] for o in planted_div} == {o["trial"] for o in obs
@@ -107,7 +109,7 @@ def test_planted_divergences_are_observations(searched):
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == 40  # nothing dropped
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)  # nothing pruned
-    told = [t.value for t in trials if planted(*[params_from_optuna(t.params)[k]
+    told = [t.value for t in trials if planted(*[params_from_optuna(t.params, spec.space)[k]
                                                   for k in (P_KEY, LR_KEY)])[1]]
     assert told == [INITIAL] * len(planted_div)  # the penalty, the untrained loss
     # informative: after the random start-up, the sampler steers away from the region
@@ -120,7 +122,7 @@ def test_top_k_and_confidence_intervals(searched):
     _, _, records, obs = searched
     dup = dict(records[0], trial="dup")  # the same configuration twice counts once
     obs2 = observations([*records, dup], [P_KEY, LR_KEY], 1e-3)
-    top = select_top_k(obs2, 3)
+    top = select_top_k(obs2, 3, with_inf=False)
     done = sorted((o for o in obs2 if o["status"] == "completed"), key=lambda o: o["loss"])
     assert len(top) == 3 and len({tuple(sorted(t.items())) for t in top}) == 3
     assert top[0] == done[0]["params"]
@@ -154,6 +156,54 @@ def test_top_k_fills_with_asha_stopped_trials_by_rung():
                         rec("e", "stopped", 16.0, 3.1, 30)], [P_KEY, LR_KEY])
     assert [c[P_KEY] for c in select_top_k(obs, 3)] == [2.0, 16.0, 4.0]
     assert [c[P_KEY] for c in select_top_k(obs, 9)] == [2.0, 16.0, 4.0, 1.0]  # never diverged
+
+
+def test_top_k_takes_distinct_p_each_at_its_best_lr_and_adds_inf():
+    def rec(t, p, lr, loss, status="completed"):
+        return {"trial": t, "status": status, "params": {P_KEY: p, LR_KEY: lr},
+                "final_val_loss": loss, "last_step": 100}
+
+    obs = observations([rec("a", math.inf, 1e-3, 2.0), rec("b", math.inf, 3e-3, 2.1),
+                        rec("c", 4.0, 1e-3, 2.2), rec("d", 4.1, 3e-3, 2.15),  # same bucket
+                        rec("e", 1.0, 1e-3, 2.5), rec("f", 16.0, 1e-3, 2.4),
+                        rec("g", 0.5, 1e-3, 2.6, "stopped")], [P_KEY, LR_KEY])
+    top = select_top_k(obs, 3)
+    assert [(c[P_KEY], c[LR_KEY]) for c in top] == [(math.inf, 1e-3), (4.1, 3e-3), (16.0, 1e-3)]
+    # inf not among the top k: appended at its best lr, so the answer can compare it
+    late = observations([rec("x", 8.0, 1e-3, 2.0), rec("y", 4.0, 1e-3, 2.1),
+                         rec("z", math.inf, 3e-3, 3.0), rec("w", math.inf, 1e-3, 3.5)],
+                        [P_KEY, LR_KEY])
+    assert [(c[P_KEY], c[LR_KEY]) for c in select_top_k(late, 2)] == [
+        (8.0, 1e-3), (4.0, 1e-3), (math.inf, 3e-3)]
+    assert [c[P_KEY] for c in select_top_k(late, 2, with_inf=False)] == [8.0, 4.0]
+    # only inf made the top k: the best finite p is appended
+    assert [c[P_KEY] for c in select_top_k(obs, 1)] == [math.inf, 4.1]
+    assert p_bucket(4.0) == p_bucket(4.1) == 2.0 and p_bucket(math.inf) == "inf"
+    assert p_bucket(2.9) == 1.5
+
+
+def test_answer_says_best_finite_p_and_whether_inf_is_within_noise(tmp_path):
+    from orchestrator.analysis.search_p import answer, response_curve
+
+    def row(p, losses):
+        m, lo, hi = t_interval(losses)
+        return {"p": p, "lr": 1e-3, "mean": m, "lo": lo, "hi": hi, "n": len(losses),
+                "losses": losses}
+
+    rows = [row(4.0, [2.00, 2.02, 1.98]), row(8.0, [2.01, 2.05, 1.99]),
+            row(1.0, [2.50, 2.52, 2.48]), row(math.inf, [2.03, 1.97, 2.04])]
+    a = answer(rows)
+    assert a["best_finite"]["p"] == 4.0 and a["best_finite"]["mean"] == pytest.approx(2.0)
+    assert a["p_range"] == [4.0, 8.0]  # p = 1 is separated (Welch p << 0.05)
+    assert a["inf"]["within_noise"] is True
+    assert a["inf"]["diff"] == pytest.approx(np.mean([2.03, 1.97, 2.04]) - 2.0)
+    assert st.ttest_ind([2.03, 1.97, 2.04], [2.00, 2.02, 1.98],
+                        equal_var=False).pvalue == pytest.approx(a["inf"]["welch_p"])
+    far = answer([*rows[:3], row(math.inf, [2.9, 2.95, 2.92])])
+    assert far["inf"]["within_noise"] is False and far["inf"]["diff"] > 0.8
+    assert answer([row(math.inf, [2.0])])["best_finite"] is None
+    path = response_curve(rows, tmp_path / "curve.png")
+    assert path.stat().st_size > 10_000
 
 
 def test_importances_are_dotted_keys(searched):
@@ -287,13 +337,22 @@ def test_search_p_end_to_end(tmp_path):
                           cwd=Path(__file__).parents[3])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     root = tmp_path / "out" / "tinyp"
-    for f in ("search_p.md", "search_p.json", "divergence_map.png", "optuna.db"):
+    for f in ("search_p.md", "search_p.json", "divergence_map.png", "response_curve.png",
+              "optuna.db"):
         assert (root / f).stat().st_size > 0, f
     with sqlite3.connect(root / "optuna.db") as db:
         states = [s for (s,) in db.execute("select state from trials")]
         names = {n for (n,) in db.execute("select distinct param_name from trial_params")}
-    assert len(states) == 4 and set(states) == {"COMPLETE"}, states
-    assert "trial/optim.lr" in names and f"trial/{P_KEY}:special" in names
+    # ASHA-stopped trials are PRUNED in the study (issue 17 §2), completed ones COMPLETE
+    assert len(states) == 4 and set(states) <= {"COMPLETE", "PRUNED"}, states
+    s1 = {o["trial"]: o["status"] for o in json.loads((root / "search_p.json").read_text())
+          ["stage1"]}
+    assert states.count("PRUNED") == sum(v == "stopped" for v in s1.values()), (states, s1)
+    with sqlite3.connect(root / "optuna.db") as db:  # diverged trials violate the constraint
+        violated = db.execute("select count(*) from trial_system_attributes where key = "
+                              "'constraints:diverged' and value_json = '1.0'").fetchone()[0]
+    assert violated == sum(v == "diverged" for v in s1.values()), s1
+    assert "trial/optim.lr" in names and f"trial/{P_KEY}:axis" in names
     res = json.loads((root / "search_p.json").read_text())
     best = res["best"]
     assert best["n"] + best["n_diverged"] == 2 and best["n"] >= 1
@@ -301,8 +360,21 @@ def test_search_p_end_to_end(tmp_path):
     if best["n"] == 2:
         assert best["lo"] <= best["mean"] <= best["hi"]
         assert np.mean(best["losses"]) == pytest.approx(best["mean"])
-    assert len(res["stage1"]) == 4 and len(res["confirm"]) == 4
-    assert res["trial_steps"]["confirm"] <= 4 * 12
+    # confirmation: distinct p values (plus inf or a finite p when only the other made it)
+    confirmed = [r["p"] for r in [best, *res["runners_up"]]]
+    buckets = [p if p == "inf" else round(math.log2(p) * 2) / 2 for p in confirmed]
+    assert len(set(buckets)) == len(buckets) and 2 <= len(buckets) <= 3, confirmed
+    assert len(res["stage1"]) == 4 and len(res["confirm"]) == 2 * len(confirmed)
+    assert res["trial_steps"]["confirm"] <= 2 * len(confirmed) * 12
+    ans = res["answer"]
+    assert set(ans) == {"best_finite", "p_range", "inf", "alpha"}
+    if ans["best_finite"] is not None:
+        bf = ans["best_finite"]
+        assert bf["p"] in confirmed and bf["p"] != "inf"
+        assert ans["p_range"][0] <= bf["p"] <= ans["p_range"][1]
+    if ans["inf"] is not None and ans["best_finite"] is not None:
+        assert ans["inf"]["within_noise"] in (True, False, None)
+    assert "Best finite p =" in proc.stdout or ans["best_finite"] is None
     assert all(o["seed"] in (1, 2) for o in res["confirm"])
     assert "Best p =" in proc.stdout and "Parameter importances" in proc.stdout
     # the same folder again without --resume is refused with one line
@@ -324,7 +396,7 @@ def test_study_lives_in_the_rdb_and_survives_a_searcher_restore(tmp_path):
     assert n == 6
     for i, value in enumerate([3.0, INITIAL]):
         cfg = searcher.suggest(f"t{i}")
-        assert set(cfg["trial"]) >= {"train.seed", f"{P_KEY}:special", LR_KEY}
+        assert set(cfg["trial"]) >= {"train.seed", f"{P_KEY}:axis", P_KEY, LR_KEY}
         searcher.on_trial_complete(f"t{i}", {"objective": value})
     searcher.save(str(tmp_path / "searcher.pkl"))
     _, again, _ = build_search(spec, storage=url, study_name=spec.name)
@@ -334,3 +406,53 @@ def test_study_lives_in_the_rdb_and_survives_a_searcher_restore(tmp_path):
     study = optuna.load_study(study_name=spec.name, storage=url)
     assert [t.value for t in study.trials] == [3.0, INITIAL, 2.5]
     assert (tmp_path / "optuna.db").stat().st_size > 0
+
+
+def test_study_states_tell_the_truth(tmp_path):
+    """Completed -> COMPLETE (feasible), diverged -> COMPLETE with the violated constraint
+    ``diverged`` and its penalty value, ASHA-stopped (last status running) -> PRUNED, error ->
+    FAIL (issue 17 §2). Driven through the real searcher build_search hands to Tune."""
+    from orchestrator.sweep.search_p import storage_url
+    from orchestrator.sweep.space import build_search
+
+    spec = _spec(6)
+    url = storage_url(tmp_path)
+    _, limiter, _ = build_search(spec, storage=url, study_name=spec.name)
+    searcher = limiter.searcher
+    ends = [({"objective": 3.0, "_status": "completed"}, False),
+            ({"objective": INITIAL, "_status": "diverged"}, False),
+            ({"objective": 4.0, "_status": "running"}, False),
+            ({"objective": 4.5, "_status": "running"}, True)]
+    for i, (result, error) in enumerate(ends):
+        searcher.suggest(f"t{i}")
+        searcher.on_trial_result(f"t{i}", {**result, "training_iteration": 1})
+        searcher.on_trial_complete(f"t{i}", result, error=error)
+    searcher.on_trial_complete("t0", ends[0][0])  # a second completion changes nothing
+    study = optuna.load_study(study_name=spec.name, storage=url)
+    S = optuna.trial.TrialState
+    assert [t.state for t in study.trials] == [S.COMPLETE, S.COMPLETE, S.PRUNED, S.FAIL]
+    assert [t.value for t in study.trials[:2]] == [3.0, INITIAL]
+    assert study.trials[0].constraints == {"diverged": 0.0}
+    assert study.trials[1].constraints == {"diverged": 1.0}
+    assert study.trials[2].intermediate_values == {1: 4.0}
+    assert study.best_trial.number == 0  # the infeasible diverged trial is never the best
+
+
+def test_divergence_boundary_separates_planted_regions():
+    from orchestrator.analysis.search_p import divergence_boundary
+
+    obs = []
+    for lp in range(-2, 7):
+        for llr in (-4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0):
+            lr = 10.0 ** llr
+            diverged = llr > -2.0 + 0.1 * lp  # the planted boundary: stabler at larger p
+            obs.append({"p": 2.0 ** lp, "lr": lr, "status": "diverged" if diverged
+                        else "completed"})
+    fit = divergence_boundary(obs, c=100.0)
+    b0, bp, blr = fit["b0"], fit["b_p"], fit["b_lr"]
+    assert blr > 0 and bp < 0  # higher lr diverges, larger p is stabler
+    for o in obs:  # the fitted P = 1/2 line classifies every planted trial
+        z = b0 + bp * math.log2(o["p"]) + blr * math.log10(o["lr"])
+        assert (z > 0) == (o["status"] == "diverged"), o
+    assert divergence_boundary(obs[:3]) is None
+    assert divergence_boundary([dict(o, status="completed") for o in obs]) is None
