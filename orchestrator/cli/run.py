@@ -16,6 +16,7 @@ from orchestrator.cli.checks import (
     prepare_sweep_folder,
 )
 from orchestrator.cli.errors import UsageError
+from orchestrator.cli.sets import add_spec_set_argument
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -33,15 +34,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> int:
+    from cluster.local import RayStartError, shutdown
+    from orchestrator.cli.heartbeat import Heartbeat
     from orchestrator.sweep.spec import SpecError
     from orchestrator.sweep.tuner import run_sweep
 
-    print(f"[geosweep] sweep {spec.name!r}: results in {out / spec.name}", flush=True)
-    from cluster.local import RayStartError
+    hb = Heartbeat("geosweep", phase="starting Ray and the first trials", every=10.0)
+    hb.say(f"[geosweep] sweep {spec.name!r}: results in {out / spec.name}")
+
+    def printer(line: str) -> None:
+        hb.say(line)
+        if line.endswith("..."):  # a phase after the trials: the heartbeat repeats it
+            hb.phase = line.removeprefix("[geosweep] ").rstrip(".")
 
     try:
-        result = run_sweep(spec, out, address=address, resume=resume,
-                           printer=lambda s: print(s, flush=True), extend=extend)
+        with hb:
+            result = run_sweep(spec, out, address=address, resume=resume, printer=printer,
+                               extend=extend)
+            printer("[geosweep] closing Ray...")
+            shutdown()  # here, under the heartbeat, not silently at interpreter exit
     except RayStartError as e:
         print(f"geosweep: error: {e}", file=sys.stderr)
         return 1
@@ -91,4 +102,5 @@ def add(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
     r.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite)")
     r.add_argument("--parquet-root", default=None, help="Parquet root (path or fs URI)")
+    add_spec_set_argument(r)
     r.set_defaults(fn=cmd_run)

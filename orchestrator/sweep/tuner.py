@@ -70,10 +70,12 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     t_fit = time.time()
     tuner.fit()
     fit_s = time.time() - t_fit
+    printer("[geosweep] trials ended; writing MLflow/Parquet records and the kept weights...")
     if resume:
         _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
     records = sink_cb.records()
     keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
+    printer("[geosweep] closing the MLflow parent run...")
     mlflow.end_parent(status="FINISHED")
     counts: dict[str, int] = {}
     for r in records:
