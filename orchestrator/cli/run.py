@@ -89,15 +89,21 @@ def _dry_run(spec) -> int:
             print(f"  [{i:3d}] " + " ".join(f"{k}={v}" for k, v in flat.items()))
     else:
         print(f"  {n} samples drawn by {spec.search.algorithm} over: {', '.join(spec.space)}")
+    from orchestrator.cli.estimate import estimate_lines
+
+    for line in estimate_lines(spec, n):
+        print(line)
     return 0
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run a sweep spec (a shipped name or a YAML path)")
-    r.add_argument("spec")
+    r.add_argument("spec", help="a shipped spec name (geosweep list specs) or a YAML path")
     r.add_argument("--out", default=DEFAULT_OUT, help="parent folder of the sweep folder")
     r.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
-    r.add_argument("--dry-run", action="store_true", help="print trials and resources only")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print trials, resources, total steps and a wall-time estimate "
+                        "(3 training steps measured here); start nothing")
     r.add_argument("--resume", action="store_true", help="continue an existing sweep folder")
     r.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
     r.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite)")
