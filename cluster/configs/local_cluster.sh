@@ -105,15 +105,17 @@ start() {
     --node-ip-address="$HOST" --dashboard-host="$HOST" --dashboard-port="$DASHBOARD_PORT" \
     --dashboard-agent-listen-port="$HEAD_AGENT_PORT" --ray-client-server-port="$CLIENT_PORT" \
     --temp-dir="$tmp" --disable-usage-stats
-  launch mlflow env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$PY" -m mlflow server \
-    --workers 1 --host "$HOST" --port "$MLFLOW_PORT" \
-    --backend-store-uri "sqlite:///$STATE/mlflow/mlflow.db" \
-    --artifacts-destination "$STATE/mlflow/artifacts"
+  # one at a time: Ray gives a raylet 30 s to register, which a loaded machine that is also
+  # importing MLflow can miss
   wait_for 120 head grep -q "Ray runtime started" "$STATE/head.log"
   launch node2 "$RAY" start --block --address="$HOST:$RAY_PORT" --num-cpus="$NODE2_CPUS" \
     --resources='{"node2": 1}' --node-ip-address="$NODE2_IP" \
     --dashboard-agent-listen-port="$NODE2_AGENT_PORT" --temp-dir="$tmp2" --disable-usage-stats
   wait_for 120 node2 grep -q "Ray runtime started" "$STATE/node2.log"
+  launch mlflow env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$PY" -m mlflow server \
+    --workers 1 --host "$HOST" --port "$MLFLOW_PORT" \
+    --backend-store-uri "sqlite:///$STATE/mlflow/mlflow.db" \
+    --artifacts-destination "$STATE/mlflow/artifacts"
   wait_for 120 mlflow "$PY" -c \
     "import urllib.request; urllib.request.urlopen('http://$HOST:$MLFLOW_PORT/health', timeout=2)"
   log "Ray dashboard / Jobs API: http://$HOST:$DASHBOARD_PORT (token: ~/.ray/auth_token)"
