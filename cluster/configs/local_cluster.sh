@@ -56,14 +56,18 @@ resolve_bin() {  # resolve_bin NAME: the venv's NAME, else NAME on PATH, else no
 PY="${PYTHON:-${GEOSWEEP_PY:-$(resolve_bin python)}}"
 RAY="${RAY:-$(resolve_bin ray)}"
 
-wait_for() {  # wait_for SECONDS NAME COMMAND...: until COMMAND succeeds or NAME's process dies
-  local t="$1" name="$2"; shift 2
+wait_for() {  # wait_for SECONDS NAME COMMAND...: until COMMAND succeeds or a service dies
+  local t="$1" name="$2" pidf dead; shift 2
   for _ in $(seq "$t"); do
     if "$@" >/dev/null 2>&1; then return 0; fi
-    if ! kill -0 "$(cat "$STATE/$name.pid")" 2>/dev/null; then
-      log "error: $name exited; last lines of $STATE/$name.log:"; tail -n 5 "$STATE/$name.log"
-      stop; exit 1
-    fi
+    for pidf in "$STATE"/*.pid; do  # any started service (the head dies with its children)
+      [ -f "$pidf" ] || continue
+      if ! kill -0 "$(cat "$pidf")" 2>/dev/null; then
+        dead="$(basename "$pidf" .pid)"
+        log "error: $dead exited; last lines of $STATE/$dead.log:"; tail -n 5 "$STATE/$dead.log"
+        stop; exit 1
+      fi
+    done
     sleep 1
   done
   log "error: $name not up after ${t}s (log: $STATE/$name.log)"; stop; exit 1
