@@ -73,6 +73,28 @@ wait_for() {  # wait_for SECONDS NAME COMMAND...: until COMMAND succeeds or a se
   log "error: $name not up after ${t}s (log: $STATE/$name.log)"; stop; exit 1
 }
 
+start_node() {  # start_node NAME COMMAND...: a Ray node, up when its log says so
+  # Ray gives a new node 30 s (not configurable) to register with the GCS; a loaded machine
+  # can miss that ("timed out during startup"): such a start is retried, twice at most.
+  local name="$1" attempt; shift
+  for attempt in 1 2 3; do
+    launch "$name" "$@"
+    for _ in $(seq 120); do
+      if grep -q "Ray runtime started" "$STATE/$name.log"; then return 0; fi
+      kill -0 "$(cat "$STATE/$name.pid")" 2>/dev/null || break
+      sleep 1
+    done
+    if [ "$attempt" -lt 3 ] && grep -q "timed out during startup" "$STATE/$name.log"; then
+      log "$name: Ray's node registration timed out (a loaded machine?); retrying"
+      stop_one "$name"
+      continue
+    fi
+    break
+  done
+  log "error: $name did not start; last lines of $STATE/$name.log:"; tail -n 5 "$STATE/$name.log"
+  stop; exit 1
+}
+
 launch() {  # launch NAME COMMAND...: own process group, pid file, log file
   local name="$1"; shift
   setsid "$@" >"$STATE/$name.log" 2>&1 < /dev/null &
@@ -105,17 +127,15 @@ start() {
   log "using $RAY and $PY"
   # the job's entrypoint (`python -m orchestrator.cli run ...`) is resolved on the raylet's PATH
   PATH="$(dirname "$PY"):$PATH"; export PATH
-  launch head "$RAY" start --block --head --port="$RAY_PORT" --num-cpus="$HEAD_CPUS" \
+  start_node head "$RAY" start --block --head --port="$RAY_PORT" --num-cpus="$HEAD_CPUS" \
     --node-ip-address="$HOST" --dashboard-host="$HOST" --dashboard-port="$DASHBOARD_PORT" \
     --dashboard-agent-listen-port="$HEAD_AGENT_PORT" --ray-client-server-port="$CLIENT_PORT" \
     --temp-dir="$tmp" --disable-usage-stats
   # one at a time: Ray gives a raylet 30 s to register, which a loaded machine that is also
   # importing MLflow can miss
-  wait_for 120 head grep -q "Ray runtime started" "$STATE/head.log"
-  launch node2 "$RAY" start --block --address="$HOST:$RAY_PORT" --num-cpus="$NODE2_CPUS" \
+  start_node node2 "$RAY" start --block --address="$HOST:$RAY_PORT" --num-cpus="$NODE2_CPUS" \
     --resources='{"node2": 1}' --node-ip-address="$NODE2_IP" \
     --dashboard-agent-listen-port="$NODE2_AGENT_PORT" --temp-dir="$tmp2" --disable-usage-stats
-  wait_for 120 node2 grep -q "Ray runtime started" "$STATE/node2.log"
   launch mlflow env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$PY" -m mlflow server \
     --workers 1 --host "$HOST" --port "$MLFLOW_PORT" \
     --backend-store-uri "sqlite:///$STATE/mlflow/mlflow.db" \
@@ -125,7 +145,7 @@ start() {
   log "Ray dashboard / Jobs API: http://$HOST:$DASHBOARD_PORT (token: ~/.ray/auth_token)"
   log "MLflow server:            http://$HOST:$MLFLOW_PORT"
   log "try:  geosweep submit quickstart --address http://$HOST:$DASHBOARD_PORT \\"
-  log "        --mlflow-uri http://$HOST:$MLFLOW_PORT --out $STATE/runs"
+  log "        --mlflow-uri http://$HOST:$MLFLOW_PORT --out $STATE/runs --wait"
   log "stop: $0 stop"
 }
 
