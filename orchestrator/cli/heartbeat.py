@@ -25,6 +25,21 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="heartbeat")
 
+    # Tune pickles its callbacks (the progress line's printer says things through this): the
+    # lock, the thread and the stream stay behind, a copy gets fresh inert ones.
+    def __getstate__(self) -> dict:
+        d = self.__dict__.copy()
+        for k in ("_lock", "_thread", "_stop"):
+            d.pop(k)
+        d["stream"] = None
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="heartbeat")
+
     def say(self, line: str) -> None:
         with self._lock:
             print(line, file=self.stream or sys.stdout, flush=True)

@@ -276,3 +276,21 @@ def test_measure_step_s_is_a_real_time(preset):
 
     s = measure_step_s(make(preset), steps=2)
     assert 0 < s < 60
+
+
+def test_heartbeat_printer_pickles_like_tune_does():
+    """Tune pickles the progress callback and with it the sweep's printer (a closure over the
+    heartbeat): a lock in it failed every sweep (TypeError: cannot pickle '_thread.lock')."""
+    from ray import cloudpickle
+
+    buf = io.StringIO()
+    hb = Heartbeat("geosweep", every=60, stream=buf)
+
+    def printer(line: str) -> None:
+        hb.say(line)
+
+    with hb:
+        copy = cloudpickle.loads(cloudpickle.dumps(printer))
+    copy("[geosweep] from a copy")
+    printer("[geosweep] from the original")
+    assert buf.getvalue() == "[geosweep] from the original\n"
