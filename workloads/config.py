@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -345,11 +346,32 @@ def parse_p(value: Any) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """Parse a ``--set key=value`` value: YAML scalars, plus ``inf`` for p = infinity."""
+    """Parse a ``--set key=value`` value: a number first (``3e-3``, ``1_000``, ``nan``, and every
+    spelling of ``parse_p``'s infinity), else YAML (``true``, ``[1, 2]``, ``{family: spheret}``).
+
+    Numbers go first because YAML 1.1 reads ``3e-3`` (no dot) as the string ``'3e-3'``."""
     import yaml
 
     value = parse_p(text)
-    return value if value is math.inf else yaml.safe_load(text)
+    if value is math.inf:
+        return value
+    s = text.strip()
+    for cast in (int, float):
+        try:
+            return cast(s)
+        except ValueError:
+            pass
+    class NumberLoader(yaml.SafeLoader):  # 1e-3 inside lists/maps is a float too
+        pass
+
+    NumberLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"))
+    try:
+        return yaml.load(text, Loader=NumberLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        why = getattr(e, "problem", None) or e
+        raise ConfigError(f"cannot parse value {text!r}: {why}") from None
 
 
 def _coerce(value: Any, current: Any, key: str) -> Any:

@@ -26,12 +26,25 @@ COMMANDS = {
     "search-p": "orchestrator.cli.search_p",
     "continuity": "orchestrator.cli.continuity",
     "eval": "orchestrator.cli.eval",
+    "list": "orchestrator.cli.listing",
     "submit | jobs | logs | stop": "orchestrator.cli.cluster",
 }
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("geosweep")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> Parser:
     p = Parser(prog="geosweep", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"geosweep {version()}",
+                   help="print geosweep's version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS.values():
         importlib.import_module(module).add(sub)

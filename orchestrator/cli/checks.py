@@ -22,10 +22,10 @@ DEFAULT_OUT = "geosweep-runs"
 def load_cli_spec(ref: str, args: argparse.Namespace | None = None):
     """The validated spec (with --mlflow-uri / --parquet-root applied), or a UsageError."""
     from orchestrator.sweep.spec import SpecError
-    from orchestrator.sweep.spec_yaml import load_spec
+    from orchestrator.sweep.spec_set import load_spec_with_sets
 
     try:
-        spec = load_spec(ref)
+        spec = load_spec_with_sets(ref, getattr(args, "set", None))
         if args is not None:
             upd: dict[str, Any] = {}
             if getattr(args, "mlflow_uri", None):

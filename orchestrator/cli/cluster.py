@@ -132,13 +132,13 @@ def add_cluster_commands(subparsers: argparse._SubParsersAction) -> None:
     j.set_defaults(fn=cmd_jobs)
 
     g = subparsers.add_parser("logs", help="print (or --follow) a Ray Job's logs")
-    g.add_argument("job")
+    g.add_argument("job", help="the job id that submit printed (geosweep jobs lists them)")
     g.add_argument("--address", default=None, help=_ADDRESS_HELP)
-    g.add_argument("--follow", action="store_true")
+    g.add_argument("--follow", action="store_true", help="keep printing until the job ends")
     g.set_defaults(fn=cmd_logs)
 
     t = subparsers.add_parser("stop", help="stop a Ray Job")
-    t.add_argument("job")
+    t.add_argument("job", help="the job id to stop")
     t.add_argument("--address", default=None, help=_ADDRESS_HELP)
     t.set_defaults(fn=cmd_stop)
 

@@ -15,10 +15,15 @@ DEFAULT_OUT = "geosweep-runs/continuity"
 
 def cmd_continuity(args: argparse.Namespace) -> int:
     from orchestrator.analysis.continuity import run_continuity
+    from orchestrator.cli.heartbeat import Heartbeat
     from workloads.pretrained import CheckpointError
 
+    hb = Heartbeat("continuity", phase=f"loading {args.checkpoint} and measuring its layers")
+    hb.say(f"[continuity] {args.checkpoint}: loading the checkpoint (streamed), then the "
+           f"metrics of every layer; results in {args.out}")
     try:
-        run_continuity(args.checkpoint, args.out, args.mlflow_uri)
+        with hb:
+            run_continuity(args.checkpoint, args.out, args.mlflow_uri)
     except CheckpointError as e:
         raise UsageError(str(e)) from None
     return 0

@@ -22,7 +22,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser("report", help="tables and figures from a sweep's Parquet dataset")
-    rp.add_argument("dir")
+    rp.add_argument("dir", help="the sweep folder (<out>/<name>, holds sweep.json)")
     rp.add_argument("--baseline", default=None, help="arm label to compare against")
     rp.add_argument("--metric", default="final_val_loss",
                     help="per-trial value the arm table compares: a trial column "

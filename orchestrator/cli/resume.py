@@ -49,8 +49,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def add(sub: argparse._SubParsersAction) -> None:
     rs = sub.add_parser("resume", help="finish an interrupted sweep, or extend a finished one")
-    rs.add_argument("dir")
-    rs.add_argument("--address", default=None)
+    rs.add_argument("dir", help="the sweep folder (<out>/<name>, holds sweep.json)")
+    rs.add_argument("--address", default=None,
+                    help="Ray cluster address (default: local Ray)")
     rs.add_argument("--more-seeds", type=int, default=None, metavar="N",
                     help="add N seeds: every grid arm (or completed search trial) again")
     rs.add_argument("--num-samples", type=int, default=None, metavar="N",

@@ -17,6 +17,7 @@ from orchestrator.cli.checks import (
 )
 from orchestrator.cli.errors import UsageError
 from orchestrator.cli.preflight import check_tracking
+from orchestrator.cli.sets import add_spec_set_argument
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -40,8 +41,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> int:
-    from cluster.local import RayStartError
+    from cluster.local import RayStartError, shutdown
     from orchestrator.cli.failures import CURRENT
+    from orchestrator.cli.heartbeat import Heartbeat
     from orchestrator.store.lock import lock_sweep
     from orchestrator.sweep.interrupt import SweepInterrupted
     from orchestrator.sweep.spec import SpecError
@@ -50,10 +52,20 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
     root = out / spec.name
     lock_sweep(root)  # a no-op when prepare_sweep_folder took it
     CURRENT["sweep"] = root
-    print(f"[geosweep] sweep {spec.name!r}: results in {root}", flush=True)
+    hb = Heartbeat("geosweep", phase="starting Ray and the first trials", every=10.0)
+    hb.say(f"[geosweep] sweep {spec.name!r}: results in {root}")
+
+    def printer(line: str) -> None:
+        hb.say(line)
+        if line.endswith("..."):  # a phase after the trials: the heartbeat repeats it
+            hb.phase = line.removeprefix("[geosweep] ").rstrip(".")
+
     try:
-        result = run_sweep(spec, out, address=address, resume=resume,
-                           printer=lambda s: print(s, flush=True), extend=extend)
+        with hb:
+            result = run_sweep(spec, out, address=address, resume=resume, printer=printer,
+                               extend=extend)
+            printer("[geosweep] closing Ray...")
+            shutdown()  # here, under the heartbeat, not silently at interpreter exit
     except RayStartError as e:
         print(f"geosweep: error: {e}", file=sys.stderr)
         return 1
@@ -104,17 +116,24 @@ def _dry_run(spec) -> int:
             print(f"  [{i:3d}] " + " ".join(f"{k}={v}" for k, v in flat.items()))
     else:
         print(f"  {n} samples drawn by {spec.search.algorithm} over: {', '.join(spec.space)}")
+    from orchestrator.cli.estimate import estimate_lines
+
+    for line in estimate_lines(spec, n):
+        print(line)
     return 0
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run a sweep spec (a shipped name or a YAML path)")
-    r.add_argument("spec")
+    r.add_argument("spec", help="a shipped spec name (geosweep list specs) or a YAML path")
     r.add_argument("--out", default=DEFAULT_OUT, help="parent folder of the sweep folder")
     r.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
-    r.add_argument("--dry-run", action="store_true", help="print trials and resources only")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print trials, resources, total steps and a wall-time estimate "
+                        "(3 training steps measured here); start nothing")
     r.add_argument("--resume", action="store_true", help="continue an existing sweep folder")
     r.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
     r.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite)")
     r.add_argument("--parquet-root", default=None, help="Parquet root (path or fs URI)")
+    add_spec_set_argument(r)
     r.set_defaults(fn=cmd_run)

@@ -14,6 +14,7 @@ import sys
 
 from orchestrator.cli.checks import DEFAULT_OUT, check_address, check_out_dir, prepare_sweep_folder
 from orchestrator.cli.errors import UsageError
+from orchestrator.cli.sets import add_spec_set_argument
 
 __all__ = ["add_search_p_command", "cmd_search_p", "main"]
 
@@ -49,6 +50,7 @@ def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.Arg
                     help="Optuna sampler (default: the spec's, else tpe)")
     sp.add_argument("--resume", action="store_true", help="continue an interrupted search")
     sp.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
+    add_spec_set_argument(sp)
     sp.set_defaults(fn=cmd_search_p)
     return sp
 
@@ -57,12 +59,12 @@ def cmd_search_p(args: argparse.Namespace) -> int:
     from orchestrator.store.layout import sweep_paths
     from orchestrator.sweep.search_p import SearchPError, search_p, stage1_spec
     from orchestrator.sweep.spec import SpecError
-    from orchestrator.sweep.spec_yaml import load_spec
+    from orchestrator.sweep.spec_set import load_spec_with_sets
 
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite are mutually exclusive")
     try:
-        spec = stage1_spec(load_spec(args.spec), args.sampler)
+        spec = stage1_spec(load_spec_with_sets(args.spec, args.set), args.sampler)
     except (SpecError, SearchPError) as e:
         raise UsageError(str(e)) from None
     out = check_out_dir(args.out)

@@ -21,6 +21,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--set: expected key=value, got {item!r}")
             k, v = item.split("=", 1)
             overrides[k.strip()] = parse_value(v)
+        if "train.steps" in overrides and "train.epochs" not in overrides and cfg.train.epochs:
+            # an explicit step count is the training length; the preset's epochs would win
+            print(f"[train] note: train.steps={overrides['train.steps']} replaces preset "
+                  f"{args.preset}'s {cfg.train.epochs} epochs (train.epochs set to 0)",
+                  flush=True)
+            overrides["train.epochs"] = 0
         cfg = validate(apply_overrides(cfg, overrides))
     except ConfigError as e:
         raise UsageError(str(e)) from None
@@ -35,7 +41,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise UsageError(f"train.device: {cfg.train.device!r} but this machine has no CUDA "
                              "device (use cpu or auto)")
+    from orchestrator.cli.heartbeat import Heartbeat, StepTracker
     from workloads.train import run
+
+    total = cfg.train.steps if not cfg.train.epochs else f"{cfg.train.epochs} epochs"
+    hb = Heartbeat("train", phase="preparing data, model and step-0 metrics")
+    hb.say(f"[train] {args.preset}: {total} steps, eval every {cfg.train.eval_every}; "
+           "preparing data, model and step-0 metrics")
 
     def report(rep) -> None:
         s = rep.scalars
@@ -45,7 +57,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 parts.append(f"{k} {s[k]:.4g}")
         if rep.divergence:
             parts.append(f"DIVERGED ({rep.divergence.reason} at step {rep.divergence.step})")
-        print(" | ".join(parts), flush=True)
+        hb.say(" | ".join(parts))
 
     monitor = None
     if not args.no_divergence:
@@ -54,7 +66,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         monitor = DivergenceMonitor(DivergenceRules())
     ckpt = str(Path(args.out) / "checkpoints") if args.out else None
     try:
-        res = run(cfg, report=report, monitor=monitor, checkpoint_dir=ckpt, resume=args.resume)
+        with hb:
+            res = run(cfg, report=report, monitor=StepTracker(monitor, hb, cfg.train.steps),
+                      checkpoint_dir=ckpt, resume=args.resume)
     except RuntimeError as e:  # a checkpoint of another model under --out
         if not args.resume or "loading state_dict" not in str(e):
             raise
@@ -67,9 +81,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def add(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train", help="train one workload without Ray")
-    t.add_argument("--preset", required=True)
-    t.add_argument("--set", action="append", metavar="KEY=VALUE")
+    t.add_argument("--preset", required=True,
+                   help="workload preset (geosweep list shows them), e.g. gpt-debug")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config field by its dotted key (repeatable), e.g. "
+                        "optim.lr=3e-3, train.steps=30 (replaces a preset's epochs), "
+                        "model.residual='{family: spheret, p: 2}'; VALUE is a number when it "
+                        "reads as one, else YAML")
     t.add_argument("--out", default=None, help="folder for checkpoints")
-    t.add_argument("--resume", action="store_true")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the last checkpoint in --out")
     t.add_argument("--no-divergence", action="store_true", help="do not stop on divergence")
     t.set_defaults(fn=cmd_train)

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.sweep.spec import SpecError, SweepSpec
 
-__all__ = ["load_spec", "spec_from_dict", "spec_from_text", "format_validation_error",
+__all__ = ["load_spec", "load_spec_data", "spec_from_dict", "spec_from_text", "data_from_text",
+           "format_validation_error",
            "MAX_SPEC_BYTES", "MAX_YAML_NODES"]
 
 MAX_SPEC_BYTES = 1_000_000
@@ -124,6 +125,11 @@ def _walk(node: yaml.Node, memo: dict[int, int], active: set[int], depth: int) -
 
 def spec_from_text(text: str | bytes, source: str = "spec") -> SweepSpec:
     """Parse and validate YAML text (at most ``MAX_SPEC_BYTES``)."""
+    return spec_from_dict(data_from_text(text, source))
+
+
+def data_from_text(text: str | bytes, source: str = "spec") -> Any:
+    """The guarded YAML parse of a spec, not yet validated."""
     size = len(text.encode() if isinstance(text, str) else text)
     if size > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: {size} bytes is larger than the {MAX_SPEC_BYTES} byte limit")
@@ -135,7 +141,7 @@ def spec_from_text(text: str | bytes, source: str = "spec") -> SweepSpec:
         raise SpecError(f"{source}: invalid YAML{at}: {e.problem or e.context}") from None
     except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as e:
         raise SpecError(f"{source}: invalid YAML: {type(e).__name__}") from None
-    return spec_from_dict(data)
+    return data
 
 
 def spec_from_dict(data: Any) -> SweepSpec:
@@ -150,6 +156,11 @@ def spec_from_dict(data: Any) -> SweepSpec:
 
 def load_spec(name_or_path: str | os.PathLike) -> SweepSpec:
     """A shipped spec by bare name (``quickstart``) or a YAML file by path."""
+    return spec_from_dict(load_spec_data(name_or_path))
+
+
+def load_spec_data(name_or_path: str | os.PathLike) -> Any:
+    """The parsed YAML of ``load_spec``'s spec, before validation (``--set`` edits it)."""
     from search_spaces import list_specs, spec_path
 
     text = str(name_or_path)
@@ -167,4 +178,4 @@ def load_spec(name_or_path: str | os.PathLike) -> SweepSpec:
     size = path.stat().st_size
     if size > MAX_SPEC_BYTES:
         raise SpecError(f"{path.name}: {size} bytes is larger than the {MAX_SPEC_BYTES} byte limit")
-    return spec_from_text(path.read_bytes(), source=path.name)
+    return data_from_text(path.read_bytes(), source=path.name)

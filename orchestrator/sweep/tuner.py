@@ -79,6 +79,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
         mlflow.end_parent(status="KILLED")
         raise
     fit_s = time.time() - t_fit
+    printer("[geosweep] trials ended; writing MLflow/Parquet records and the kept weights...")
     if resume and not interrupted:
         _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
     records = sink_cb.records()
@@ -88,6 +89,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     if not interrupted:
         keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
     # a sweep whose every trial failed did not finish; Ctrl-C is KILLED (resume continues it)
+    printer("[geosweep] closing the MLflow parent run...")
     all_failed = bool(records) and counts.get("failed", 0) == len(records)
     mlflow.end_parent(status="KILLED" if interrupted else "FAILED" if all_failed
                       else "FINISHED")

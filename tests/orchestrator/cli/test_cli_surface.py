@@ -1,0 +1,296 @@
+"""The CLI without surprises (issue 14 §3): values, --set on specs, train.steps vs epochs,
+--version, list, every argument's help, status --watch's table, the heartbeat."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import time
+
+import pytest
+
+import orchestrator.cli as ocli
+from orchestrator.cli.heartbeat import Heartbeat, StepTracker
+from orchestrator.cli.listing import SECTIONS, listing
+from orchestrator.sweep.spec import SpecError
+from orchestrator.sweep.spec_set import apply_sets, load_spec_with_sets, parse_set
+from workloads.config import ConfigError, parse_value
+
+
+def run_cli(argv, capsys):
+    capsys.readouterr()
+    rc = ocli.main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+# --- values ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, want", [
+    ("3e-3", 3e-3), ("1E5", 1e5), ("-2.5e-1", -0.25), ("30", 30), ("1_000", 1000),
+    ("0.5", 0.5), ("inf", math.inf), ("Infinity", math.inf), (".inf", math.inf),
+    ("-inf", -math.inf), ("true", True), ("null", None), ("adamw", "adamw"),
+    ("[1e-3, 3e-3]", [1e-3, 3e-3]), ("{family: spheret, p: 2}", {"family": "spheret", "p": 2}),
+])
+def test_parse_value_numbers_first(text, want):
+    got = parse_value(text)
+    assert got == want and type(got) is type(want)
+
+
+def test_parse_value_nan_and_bad_yaml():
+    assert math.isnan(parse_value("nan"))
+    with pytest.raises(ConfigError, match="cannot parse value"):
+        parse_value("[1, 2")
+
+
+# --- --set on specs -------------------------------------------------------------------------
+BASE = {"name": "s", "workload": {"preset": "gpt-debug", "overrides": {"optim.lr": 1e-3}},
+        "space": {"optim.lr": {"grid": [1e-3]}}, "budget": {"steps": 100}}
+
+
+def test_apply_sets_grammar():
+    out = apply_sets(BASE, ["budget.steps=50", "search.num_samples=4", "seeds=2",
+                            "workload.overrides.optim.lr=3e-3",
+                            "workload.overrides.model.residual={family: spheret, p: 2}",
+                            "space.optim.lr.grid=[1e-4, 1e-2]",
+                            "space.model.residual.p={grid: [1, inf]}"])
+    assert out["budget"]["steps"] == 50
+    assert out["search"] == {"num_samples": 4}
+    assert out["seeds"] == 2
+    assert out["workload"]["overrides"] == {
+        "optim.lr": 3e-3, "model.residual": {"family": "spheret", "p": 2}}
+    assert out["space"]["optim.lr"] == {"grid": [1e-4, 1e-2]}
+    # inside YAML, inf stays a word: the spec reads every p through parse_p
+    assert out["space"]["model.residual.p"] == {"grid": [1, "inf"]}
+    assert BASE["budget"]["steps"] == 100  # the input is not changed
+
+
+@pytest.mark.parametrize("item, msg", [
+    ("budget.steps", "expected KEY=VALUE"), ("=3", "expected KEY=VALUE"),
+    ("budget..steps=3", "expected KEY=VALUE"), ("name.x=1", "name is 's', not a section"),
+])
+def test_apply_sets_errors(item, msg):
+    with pytest.raises(SpecError, match=msg):
+        apply_sets(BASE, [item])
+
+
+def test_parse_set_value():
+    assert parse_set("optim.lr=3e-3") == ("optim.lr", 3e-3)
+
+
+def test_load_spec_with_sets_validates():
+    spec = load_spec_with_sets("quickstart", [
+        "budget.steps=60", "budget.eval_every=20", "scheduler.max_t=60",
+        "scheduler.grace_period=20", "search.num_samples=4", "seeds=2",
+        "workload.overrides.optim.lr=3e-3"])
+    assert spec.budget.steps == 60 and spec.search.num_samples == 4
+    assert spec.seeds == [0, 1]
+    assert spec.workload.overrides["optim.lr"] == 3e-3
+    with pytest.raises(SpecError, match=r"^budget\.stepz: unknown field; valid: steps"):
+        load_spec_with_sets("quickstart", ["budget.stepz=5"])
+
+
+def test_run_dry_run_with_sets(capsys):
+    rc, out, err = run_cli(["run", "quickstart", "--dry-run", "--set", "search.num_samples=3",
+                            "--set", "budget.steps=400", "--set", "scheduler.max_t=400"],
+                           capsys)
+    assert rc == 0, err
+    assert "3 trials" in out
+    rc, out, err = run_cli(["run", "quickstart", "--dry-run", "--set", "budget.steps=abc"],
+                           capsys)
+    assert rc == 2 and err.count("\n") == 1 and "budget.steps" in err
+
+
+def test_search_p_set_error_is_one_line(capsys, tmp_path):
+    rc, _, err = run_cli(["search-p", "--out", str(tmp_path), "--set", "search.bogus=1"],
+                         capsys)
+    assert rc == 2 and err.count("\n") == 1 and "search.bogus: unknown field" in err
+
+
+# --- train: steps beat epochs ---------------------------------------------------------------
+def test_train_steps_replace_epochs(capsys, monkeypatch):
+    import workloads.train as wt
+
+    seen = {}
+
+    class Res:
+        steps, train_time_s, final_val_loss, best_val_loss, divergence = 30, 1.0, 2.0, 2.0, None
+
+    def fake_run(cfg, report=None, monitor=None, checkpoint_dir=None, resume=False):
+        seen["cfg"] = cfg
+        return Res()
+
+    monkeypatch.setattr(wt, "run", fake_run)
+    rc, out, err = run_cli(["train", "--preset", "mlp-mnist", "--set", "train.steps=30",
+                            "--set", "optim.lr=3e-3"], capsys)
+    assert rc == 0, err
+    cfg = seen["cfg"]
+    assert cfg.train.steps == 30 and cfg.train.epochs == 0 and cfg.optim.lr == 3e-3
+    assert "train.steps=30 replaces preset mlp-mnist's 10 epochs" in out
+    assert out.splitlines()[1].startswith("[train] mlp-mnist: 30 steps")
+
+
+# --- --version, list, help ------------------------------------------------------------------
+def test_version(capsys):
+    rc, out, _ = run_cli(["--version"], capsys)
+    assert rc == 0 and out.startswith("geosweep ")
+    assert out.split()[1] == ocli.version()
+
+
+def test_list_reads_the_registries(capsys):
+    from search_spaces import list_specs
+    from workloads.config import PRESETS
+    from workloads.geometry.manifolds import MANIFOLDS
+    from workloads.optim.assignment import STRATEGIES
+    from workloads.residual import RESIDUALS
+
+    rc, out, _ = run_cli(["list"], capsys)
+    assert rc == 0
+    names = {line.split()[0] for line in out.splitlines() if line.startswith("  ")}
+    for reg in (PRESETS, list_specs(), RESIDUALS, MANIFOLDS, STRATEGIES, ("adamw", "muon", "sgd")):
+        assert set(reg) <= names
+    assert "SCIENCE.md" not in out
+    assert listing("families").splitlines()[0] == SECTIONS["families"][0] + ":"
+    rc, _, err = run_cli(["list", "nope"], capsys)
+    assert rc == 2 and "invalid choice" in err
+
+
+def _walk(parser: argparse.ArgumentParser, path: str):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield f"{path} {name}", "(the command itself)", helps.get(name)
+                yield from _walk(sub, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield path, "/".join(action.option_strings) or action.dest, action.help
+
+
+def test_every_argument_has_help():
+    rows = list(_walk(ocli.build_parser(), "geosweep"))
+    assert len(rows) > 60  # every command was walked
+    missing = [f"{p}: {a}" for p, a, h in rows if not (h and h.strip())]
+    assert missing == []
+
+
+# --- status --watch -------------------------------------------------------------------------
+def _fake_live_sweep(tmp_path):
+    from orchestrator.store.parquet import ParquetSink
+
+    root = tmp_path / "w"
+    root.mkdir()
+    (root / "spec.yaml").write_text("search: {metric: val/loss, mode: min}\n")
+    pq = str(root / "parquet")
+    sink = ParquetSink(pq, "w")
+    for tid, vals in {"t0": [3.0, 2.5], "t1": [3.1, 2.2], "t2": [4.0]}.items():
+        sink.write_curve(tid, [{"step": 10 * (i + 1), "split": "val", "metric": "loss",
+                                "value": v, "wall_time": 5.0 * (i + 1)}
+                               for i, v in enumerate(vals)])
+    sink.write_trial({"trial": "t0", "status": "completed", "arm": "lr=1e-3", "last_step": 20,
+                      "final_val_loss": 2.5, "wall_s": 12.0})
+    manifest = {"name": "w", "trials": 4, "parquet_root": pq}
+    (root / "sweep.json").write_text(json.dumps(manifest))
+    return root, manifest, sink
+
+
+def test_live_table_ranks_running_and_finished(tmp_path):
+    from orchestrator.cli.watch import live_table
+    from orchestrator.store.parquet import read_curves, read_trials
+
+    root, m, _ = _fake_live_sweep(tmp_path)
+    t = live_table(read_trials(m["parquet_root"], "w"), read_curves(m["parquet_root"], "w"),
+                   "val/loss", "min")
+    assert list(t["trial"]) == ["t1", "t0", "t2"]
+    assert list(t["rank"]) == [1, 2, 3]
+    assert list(t["status"]) == ["running", "completed", "running"]
+    assert list(t["step"]) == [20, 20, 10]
+    assert list(t["time_s"]) == [10.0, 12.0, 5.0]
+    assert list(t["val/loss"]) == [2.2, 2.5, 4.0]
+    tmax = live_table(read_trials(m["parquet_root"], "w"), read_curves(m["parquet_root"], "w"),
+                      "val/loss", "max")
+    assert list(tmax["trial"]) == ["t2", "t0", "t1"]
+
+
+def test_status_watch_stops_when_the_sweep_ends(tmp_path):
+    from orchestrator.cli.watch import watch
+
+    root, m, sink = _fake_live_sweep(tmp_path)
+    frames: list[str] = []
+    assert watch(root, m, 0.01, printer=frames.append, clear=False, max_rounds=2) == 0
+    assert len(frames) == 2 and "sweep w: 1/4 trials ended, 2 running" in frames[0]
+    for tid in ("t1", "t2", "t3"):
+        sink.write_trial({"trial": tid, "status": "completed", "last_step": 20,
+                          "final_val_loss": 2.0, "wall_s": 1.0})
+    frames.clear()
+    assert watch(root, m, 0.01, printer=frames.append, clear=False, max_rounds=50) == 0
+    assert len(frames) == 1 and "4/4 trials ended, 0 running" in frames[0]
+
+
+def test_status_watch_argument(capsys, tmp_path):
+    rc, _, err = run_cli(["status", str(tmp_path), "--watch", "0"], capsys)
+    assert rc == 2 and "must be > 0 seconds" in err
+
+
+# --- heartbeat ------------------------------------------------------------------------------
+def test_heartbeat_prints_when_silent_and_tracks_steps():
+    buf = io.StringIO()
+
+    class Info:
+        step = 5
+
+    hb = Heartbeat("x", phase="loading", every=0.2, stream=buf)
+    tracker = StepTracker(None, hb, total=100)
+    with hb:
+        time.sleep(0.6)
+        assert tracker.check(Info()) is None
+        Info.step = 6
+        tracker.check(Info())
+        time.sleep(0.6)
+    lines = buf.getvalue().splitlines()
+    assert lines and lines[0].startswith("[x] still working: loading (")
+    assert any("training: step 6/100" in ln for ln in lines)
+    with pytest.raises(AttributeError):
+        tracker.signals  # noqa: B018 - absent without a divergence monitor
+    assert tracker.state_dict() == {}
+
+
+# --- dry-run estimate -----------------------------------------------------------------------
+def test_estimate_lines_arithmetic():
+    from orchestrator.cli.estimate import TRIAL_OVERHEAD_S, estimate_lines
+    from orchestrator.sweep.spec_yaml import load_spec
+
+    spec = load_spec("quickstart")  # 8 trials x 300 steps, ASHA, 2 at a time
+    lines = estimate_lines(spec, 8, step_s=0.05)
+    assert lines[0] == "total: at most 2400 training steps (8 trials x 300 steps)"
+    want = 2400 * 0.05 / 2 + 4 * TRIAL_OVERHEAD_S  # 72 s
+    assert lines[1].startswith(f"estimated wall time: ~{want:.0f} s (50.0 ms/step measured")
+    mlp = load_spec("continuity_mlp")
+    assert "epochs" in estimate_lines(mlp, 45, step_s=1.0)[0]
+
+
+@pytest.mark.parametrize("preset", ["gpt-debug", "mlp-debug"])
+def test_measure_step_s_is_a_real_time(preset):
+    from orchestrator.cli.estimate import measure_step_s
+    from workloads.config import preset as make
+
+    s = measure_step_s(make(preset), steps=2)
+    assert 0 < s < 60
+
+
+def test_heartbeat_printer_pickles_like_tune_does():
+    """Tune pickles the progress callback and with it the sweep's printer (a closure over the
+    heartbeat): a lock in it failed every sweep (TypeError: cannot pickle '_thread.lock')."""
+    from ray import cloudpickle
+
+    buf = io.StringIO()
+    hb = Heartbeat("geosweep", every=60, stream=buf)
+
+    def printer(line: str) -> None:
+        hb.say(line)
+
+    with hb:
+        copy = cloudpickle.loads(cloudpickle.dumps(printer))
+    copy("[geosweep] from a copy")
+    printer("[geosweep] from the original")
+    assert buf.getvalue() == "[geosweep] from the original\n"
