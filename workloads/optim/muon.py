@@ -65,7 +65,7 @@ def manifold_muon_step(
     dual_method: str = "newton",
     dual_smooth: float = 1e-3,
     warm: dict | None = None,
-    dual_cg_iters: int = 4,
+    dual_cg_iters: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Manifold Muon step for W, G (..., m, n), any orientation (wide ones go tall inside).
 
@@ -117,7 +117,7 @@ class Muon(torch.optim.Optimizer):
         dgram_retraction: str = "paper_svd_sorted",
         dual_method: str = "newton",
         dual_smooth: float = 1e-3,
-        dual_cg_iters: int = 4,
+        dual_cg_iters: int = 8,
     ) -> None:
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, momentum_form=momentum_form,
@@ -182,7 +182,9 @@ class Muon(torch.optim.Optimizer):
             for i, p in enumerate(ps):
                 p.copy_(W_new[i].to(p.dtype))
                 if warm.get("lambda") is not None:
-                    self.state[p]["dual_lambda"] = warm["lambda"][i]
+                    # in p.dtype: load_state_dict casts float state to it, so a reload resumes
+                    # bit-identically
+                    self.state[p]["dual_lambda"] = warm["lambda"][i].to(p.dtype)
                 self.state[p]["dual_residual"] = residual[i].detach()
                 self.state[p]["dual_passes"] = passes[i].detach()
                 self.state[p]["retraction_displacement"] = displacement[i].detach()
