@@ -187,3 +187,18 @@ def test_50_manifold_muon_steps_descend_on_manifold(shape, constraint, retractio
     assert losses[-1] < 0.9 * losses[0]
     assert float(opt.state[p]["dual_residual"]) < 1e-4  # the default newton dual converges
     assert 1 <= int(opt.state[p]["dual_passes"]) <= 20
+
+
+@pytest.mark.parametrize("constraint", ["stiefel", "dgram"])
+def test_muon_warm_starts_the_dual_from_its_state(constraint):
+    """Each matrix keeps its multiplier; with the gradient unchanged, step 2 starts next to the
+    solution, so it takes fewer passes than the cold step 1 and still meets tol."""
+    p = torch.nn.Parameter(on_stiefel(96, 24, seed=16).float())
+    p.grad = torch.randn(96, 24, generator=gen(17))
+    opt = Muon([{"params": [p], "constraint": constraint}], lr=0.01)
+    opt.step()
+    lam, cold = opt.state[p]["dual_lambda"], int(opt.state[p]["dual_passes"])
+    assert lam.shape == (24, 24) and cold >= 2
+    opt.step()
+    assert int(opt.state[p]["dual_passes"]) < cold
+    assert float(opt.state[p]["dual_residual"]) < 1e-6

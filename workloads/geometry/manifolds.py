@@ -41,6 +41,7 @@ class DualOptions:
     tol: float = 1e-6
     smooth: float = 1e-3
     msign_method: str = "polar_express"
+    cg_iters: int = 8
 
 
 class Manifold:
@@ -68,9 +69,10 @@ class Manifold:
         """The W the dual ascent works with (same tangent space, better scaled)."""
         return W
 
-    def dualize(self, G: torch.Tensor, W: torch.Tensor, opts: DualOptions = DualOptions()
-                ) -> DualResult:
-        """The direction A with ``residual = ||H||_F / n`` and ``passes``; plain msign here."""
+    def dualize(self, G: torch.Tensor, W: torch.Tensor, opts: DualOptions = DualOptions(),
+                L0: torch.Tensor | None = None) -> DualResult:
+        """The direction A with ``residual = ||H||_F / n`` and ``passes``; plain msign here.
+        ``L0`` warm-starts the multiplier (a previous ``DualResult.L``)."""
         A = msign(G, method=opts.msign_method)
         zeros = torch.zeros(G.shape[:-2], dtype=G.dtype, device=G.device)
         if self.projector is None:
@@ -78,8 +80,8 @@ class Manifold:
         msign_fn: MsignFn = lambda X: msign(X, method=opts.msign_method)  # noqa: E731
         # The paper's absolute variant keeps its raw W (faithful reproduction).
         frame = W if opts.method == "absolute" else self.dual_frame(W)
-        return dual_ascent(G, frame, self.projector, opts.method, opts.steps,
-                           opts.lr, opts.tol, msign_fn, smooth=opts.smooth)
+        return dual_ascent(G, frame, self.projector, opts.method, opts.steps, opts.lr,
+                           opts.tol, msign_fn, opts.cg_iters, opts.smooth, L0)
 
 
 class Stiefel(Manifold):

@@ -64,12 +64,15 @@ def manifold_muon_step(
     dgram_retraction: str = "paper_svd_sorted",
     dual_method: str = "newton",
     dual_smooth: float = 1e-3,
+    warm: dict | None = None,
+    dual_cg_iters: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Manifold Muon step for W, G (..., m, n), any orientation (wide ones go tall inside).
 
     Returns ``(W_new, dual_residual, dual_passes, displacement)``, the last three of shape
     (...): residual ||H||_F / n of the final dual iterate, the passes it took, and
-    ||R(W') - W'||_F / ||W'||_F.
+    ||R(W') - W'||_F / ||W'||_F. ``warm``, when given, carries the dual multiplier between
+    steps: its ``"lambda"`` (..., n, n) warm-starts the dual and is replaced by the new one.
     """
     manifold = get_manifold(constraint)
     if not manifold.constrained:
@@ -77,8 +80,11 @@ def manifold_muon_step(
     transposed = W.shape[-2] < W.shape[-1]
     if transposed:
         W, G = W.mT, G.mT
-    opts = DualOptions(dual_method, dual_steps, dual_lr, dual_tol, dual_smooth, msign_method)
-    dual = manifold.dualize(G, W, opts)
+    opts = DualOptions(dual_method, dual_steps, dual_lr, dual_tol, dual_smooth, msign_method,
+                       dual_cg_iters)
+    dual = manifold.dualize(G, W, opts, None if warm is None else warm.get("lambda"))
+    if warm is not None:
+        warm["lambda"] = dual.L
     W1 = W - lr * dual.A
     # NS5 is not a retraction (its singular values are not 1), so it maps to Polar Express.
     W2 = manifold.retract(W1, exact=msign_method == "svd", retraction=dgram_retraction)
@@ -91,7 +97,8 @@ class Muon(torch.optim.Optimizer):
 
     ``self.state[p]`` keeps ``momentum_buffer`` and, for manifold groups, the last
     ``dual_residual``, ``dual_passes`` and ``retraction_displacement`` (0-d tensors; no host
-    sync per step). ``dual_stats()`` reads them back.
+    sync per step) and ``dual_lambda``, the multiplier that warm-starts the next step's dual
+    (the momentum direction and W change little per step). ``dual_stats()`` reads them back.
     """
 
     def __init__(
@@ -110,13 +117,14 @@ class Muon(torch.optim.Optimizer):
         dgram_retraction: str = "paper_svd_sorted",
         dual_method: str = "newton",
         dual_smooth: float = 1e-3,
+        dual_cg_iters: int = 8,
     ) -> None:
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, momentum_form=momentum_form,
             msign=msign, weight_decay=weight_decay, shape_scale=shape_scale,
             dual_steps=dual_steps, dual_lr=dual_lr, dual_tol=dual_tol,
             dgram_retraction=dgram_retraction, dual_method=dual_method, dual_smooth=dual_smooth,
-            constraint="none", names=None,
+            dual_cg_iters=dual_cg_iters, constraint="none", names=None,
         )
         super().__init__(params, defaults)
         for group in self.param_groups:
@@ -164,13 +172,19 @@ class Muon(torch.optim.Optimizer):
                 continue
             # --- Manifold Muon ---------------------------------------------------------------
             W = torch.stack([p.float() for p in ps])
+            lams = [self.state[p].get("dual_lambda") for p in ps]
+            warm = {"lambda": torch.stack(lams)} if all(x is not None for x in lams) else {}
             W_new, residual, passes, displacement = manifold_muon_step(
                 W, D, lr, constraint, group["dual_steps"], group["dual_lr"],
                 group["dual_tol"], group["msign"], group["dgram_retraction"],
-                group["dual_method"], group["dual_smooth"],
+                group["dual_method"], group["dual_smooth"], warm, group["dual_cg_iters"],
             )
             for i, p in enumerate(ps):
                 p.copy_(W_new[i].to(p.dtype))
+                if warm.get("lambda") is not None:
+                    # in p.dtype: load_state_dict casts float state to it, so a reload resumes
+                    # bit-identically
+                    self.state[p]["dual_lambda"] = warm["lambda"][i].to(p.dtype)
                 self.state[p]["dual_residual"] = residual[i].detach()
                 self.state[p]["dual_passes"] = passes[i].detach()
                 self.state[p]["retraction_displacement"] = displacement[i].detach()
