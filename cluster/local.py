@@ -56,12 +56,20 @@ def worker_env() -> dict[str, str]:
 
 def connect(address: str | None = None, num_cpus: float | None = None,
             temp_dir: str | None = None, quiet: bool = True) -> dict[str, Any]:
-    """Join the Ray cluster at ``address``, or start a local one. Returns cluster resources."""
+    """Join the Ray cluster at ``address``; without one, the warm local Ray of ``geosweep ray
+    start`` when it runs (cluster/warm.py), else start a local one. Returns cluster resources."""
     ray_env()
     import ray
 
     if ray.is_initialized():
         return ray.cluster_resources()
+    if not address and num_cpus is None and temp_dir is None:
+        from cluster.warm import current
+
+        warm = current()
+        if warm is not None:
+            address = warm["address"]
+            os.environ.setdefault("RAY_AUTH_MODE", "token")  # the warm head's token auth
     kwargs: dict[str, Any] = {
         "runtime_env": {"env_vars": worker_env()},
         "log_to_driver": not quiet,

@@ -27,6 +27,7 @@ COMMANDS = {
     "continuity": "orchestrator.cli.continuity",
     "eval": "orchestrator.cli.eval",
     "submit | jobs | logs | stop": "orchestrator.cli.cluster",
+    "ray": "orchestrator.cli.warm_ray",
 }
 
 

@@ -234,12 +234,12 @@ class SinkCallback(Callback):
             self.parquet.write_curve(tid, curve)
             self.parquet.write_metrics(tid, rows)
         if self.mlflow is not None:
-            self.mlflow.log_curve(tid, curve)
             step = int(result.get("step", rec.get("last_step") or 0))
-            self.mlflow.log_scalars(tid, _scalars(result), step)
-            for r in rows:  # model-wide rows only; per-layer rows live in Parquet
-                if r.get("module", "") == "" and r.get("layer", -1) < 0:
-                    self.mlflow.log_scalars(tid, {f"geo/{r['metric']}": r["value"]}, r["step"])
+            scalars_at = [(_scalars(result), step)]
+            # model-wide rows only; per-layer rows live in Parquet
+            scalars_at += [({f"geo/{r['metric']}": r["value"]}, r["step"]) for r in rows
+                           if r.get("module", "") == "" and r.get("layer", -1) < 0]
+            self.mlflow.log_result(tid, curve, scalars_at)  # one transaction per result
             self._set_tags(tid, self._tags(rec))
         self._write(rec)
 
