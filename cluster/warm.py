@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["state_file", "current", "start", "stop", "WarmRayError"]
+__all__ = ["state_file", "current", "start", "stop", "join_env", "WarmRayError"]
 
 
 class WarmRayError(RuntimeError):
@@ -73,6 +73,27 @@ def current() -> dict[str, Any] | None:
     return rec
 
 
+def _new_token() -> Path:
+    """A fresh token of this warm Ray, readable by this user only (not ``~/.ray/auth_token``,
+    which other Rays on the machine may write)."""
+    import secrets
+
+    path = state_file().with_name("ray_auth_token")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
+def join_env(rec: dict[str, Any]) -> dict[str, str]:
+    """What a driver needs in its environment to join the warm Ray of ``rec``."""
+    env = {"RAY_AUTH_MODE": "token"}
+    if rec.get("token_path"):
+        env["RAY_AUTH_TOKEN_PATH"] = str(rec["token_path"])
+    return env
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,7 +114,8 @@ def start(num_cpus: int | None = None, port: int | None = None,
     log = Path(temp_dir) / "ray-start.log"
     env = dict(os.environ)
     env.update(ray_env())
-    env.setdefault("RAY_AUTH_MODE", "token")
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(_new_token())})
     # jobs started through this Ray find this Python's tools first
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     ray_bin = Path(sys.executable).with_name("ray")
@@ -107,7 +129,8 @@ def start(num_cpus: int | None = None, port: int | None = None,
         proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     rec = {"address": f"127.0.0.1:{port}", "pid": proc.pid, "temp_dir": temp_dir,
-           "num_cpus": num_cpus, "started": time.time(), "log": str(log)}
+           "num_cpus": num_cpus, "started": time.time(), "log": str(log),
+           "token_path": env["RAY_AUTH_TOKEN_PATH"]}
     deadline = time.time() + timeout
     while time.time() < deadline:
         if "Ray runtime started" in log.read_text(errors="replace"):

@@ -63,6 +63,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     store = None
     if overlap:
         paths.root.mkdir(parents=True, exist_ok=True)
+        from cluster.local import prepare
+
+        if not address:
+            prepare()  # the environment Ray must see when imported (a warm Ray's token)
         import ray  # noqa: F401 - imported here, not concurrently with the thread's imports
 
         store = _Background(_mlflow_sink, spec, paths)
