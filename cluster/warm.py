@@ -100,11 +100,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(num_cpus: int | None = None, port: int | None = None,
-          timeout: float = 120.0) -> dict[str, Any]:
-    """Start the warm Ray (or return the one already running)."""
-    from cluster.local import ray_env
-
+def start(num_cpus: int | None = None, port: int | None = None, timeout: float = 120.0,
+          env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Start the warm Ray (or return the one already running). ``env``: extra environment
+    of its processes (the caller passes ``cluster.local.ray_env()``)."""
+    extra = env or {}
     rec = current()
     if rec is not None:
         return rec
@@ -113,7 +113,7 @@ def start(num_cpus: int | None = None, port: int | None = None,
     temp_dir = tempfile.mkdtemp(prefix="gswarm-", dir="/tmp" if os.path.isdir("/tmp") else None)
     log = Path(temp_dir) / "ray-start.log"
     env = dict(os.environ)
-    env.update(ray_env())
+    env.update(extra)
     env.pop("RAY_AUTH_TOKEN", None)
     env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(_new_token())})
     # jobs started through this Ray find this Python's tools first

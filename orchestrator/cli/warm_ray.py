@@ -17,11 +17,12 @@ __all__ = ["cmd_ray", "add"]
 
 def cmd_ray(args: argparse.Namespace) -> int:
     from cluster import warm
+    from cluster.local import ray_env
 
     if args.action == "start":
         was = warm.current()
         try:
-            rec = warm.start(num_cpus=args.num_cpus)
+            rec = warm.start(num_cpus=args.num_cpus, env=ray_env())
         except warm.WarmRayError as e:
             print(f"geosweep: error: {e}", file=sys.stderr)
             return 1
