@@ -165,6 +165,10 @@ def run_arm(arm: str, n: int, steps: int, tmp: str, timeout: float,
     elif arm == "geosweep":
         import yaml
 
+        from cluster.warm import current
+
+        warm = warm or current() is not None  # `geosweep run` joins a running warm Ray
+
         name = f"peers{time.time_ns()}"
         spec = Path(tmp) / f"{name}.yaml"
         spec.write_text(yaml.safe_dump(geosweep_spec(n, steps, name)))
