@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["ray_env", "connect", "shutdown", "worker_env", "RayStartError"]
+__all__ = ["ray_env", "prepare", "connect", "shutdown", "worker_env", "RayStartError"]
 
 
 class RayStartError(RuntimeError):
@@ -54,15 +54,38 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def prepare() -> str | None:
+    """Set the environment before ``import ray`` (Ray reads its token settings then): ours,
+    and when the warm local Ray of ``geosweep ray start`` runs, its token. Returns that Ray's
+    address (None: no warm Ray)."""
+    ray_env()
+    from cluster.warm import current, join_env
+
+    warm = current()
+    if warm is None:
+        return None
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # the warm head's own token file wins
+    os.environ.update(join_env(warm))
+    return warm["address"]
+
+
 def connect(address: str | None = None, num_cpus: float | None = None,
             temp_dir: str | None = None, quiet: bool = True) -> dict[str, Any]:
-    """Join the Ray cluster at ``address``, or start a local one. Returns cluster resources."""
-    ray_env()
+    """Join the Ray cluster at ``address``; without one, the warm local Ray of ``geosweep ray
+    start`` when it runs (cluster/warm.py), else start a local one. Returns cluster resources."""
+    node: dict[str, Any] = {}
+    if not address and num_cpus is None and temp_dir is None:
+        address = prepare()
+        if address:
+            node = {"_node_ip_address": "127.0.0.1"}  # the warm head binds loopback
+    else:
+        ray_env()
     import ray
 
     if ray.is_initialized():
         return ray.cluster_resources()
     kwargs: dict[str, Any] = {
+        **node,
         "runtime_env": {"env_vars": worker_env()},
         "log_to_driver": not quiet,
         "logging_level": logging.WARNING if quiet else logging.INFO,

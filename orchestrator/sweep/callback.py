@@ -99,6 +99,10 @@ class SinkCallback(Callback):
         self._resumed: set[str] = set()
         self._seen: set[str] = set()
         self._tagged: dict[str, dict[str, Any]] = {}  # MLflow tags already set per trial
+        # queued writer events per trial that end by writing its record (all but restore):
+        # while a later one is queued, an earlier one skips its write (it would be replaced)
+        self._pending: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     # --- public ---------------------------------------------------------------------------
     def records(self) -> list[dict[str, Any]]:
@@ -147,8 +151,12 @@ class SinkCallback(Callback):
     # --- background writer ----------------------------------------------------------------
     def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
         state = dict(self.__dict__)
-        state.update(_queue=None, _thread=None, _error=None)
+        state.update(_queue=None, _thread=None, _error=None, _pending={}, _lock=None)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def _defer(self, fn: Callable[..., None], trial: Any, *args: Any) -> bool:
         """Run ``fn(snapshot, *args)`` on the writer thread; False when not in background."""
@@ -161,12 +169,16 @@ class SinkCallback(Callback):
             self._thread.start()
         snap = SimpleNamespace(trial_id=trial.trial_id, config=dict(trial.config or {}),
                                error_file=getattr(trial, "error_file", None))
-        self._queue.put((fn, snap, args, self.clock()))
+        writes = fn is not self._do_trial_restore
+        if writes:
+            with self._lock:
+                self._pending[trial.trial_id] = self._pending.get(trial.trial_id, 0) + 1
+        self._queue.put((fn, snap, args, self.clock(), writes))
         return True
 
     def _drain(self) -> None:
         while True:
-            fn, snap, args, now = self._queue.get()
+            fn, snap, args, now, writes = self._queue.get()
             try:
                 self._now = now  # timestamps are those of the Tune event, not of the write
                 fn(snap, *args)
@@ -175,6 +187,9 @@ class SinkCallback(Callback):
                 self._error = self._error or e
             finally:
                 self._now = None
+                if writes:
+                    with self._lock:
+                        self._pending[snap.trial_id] -= 1
                 self._queue.task_done()
 
     def _time(self) -> float:
@@ -234,12 +249,12 @@ class SinkCallback(Callback):
             self.parquet.write_curve(tid, curve)
             self.parquet.write_metrics(tid, rows)
         if self.mlflow is not None:
-            self.mlflow.log_curve(tid, curve)
             step = int(result.get("step", rec.get("last_step") or 0))
-            self.mlflow.log_scalars(tid, _scalars(result), step)
-            for r in rows:  # model-wide rows only; per-layer rows live in Parquet
-                if r.get("module", "") == "" and r.get("layer", -1) < 0:
-                    self.mlflow.log_scalars(tid, {f"geo/{r['metric']}": r["value"]}, r["step"])
+            scalars_at = [(_scalars(result), step)]
+            # model-wide rows only; per-layer rows live in Parquet
+            scalars_at += [({f"geo/{r['metric']}": r["value"]}, r["step"]) for r in rows
+                           if r.get("module", "") == "" and r.get("layer", -1) < 0]
+            self.mlflow.log_result(tid, curve, scalars_at)  # one transaction per result
             self._set_tags(tid, self._tags(rec))
         self._write(rec)
 
@@ -322,7 +337,11 @@ class SinkCallback(Callback):
             self.mlflow.end_child(trial.trial_id, status, tags)
 
     def _write(self, rec: dict) -> None:
-        if self.parquet is not None:
+        if self.parquet is None:
+            return
+        with self._lock:
+            later = self._pending.get(rec["trial"], 0) > 1
+        if not later:  # else a queued event of this trial writes the newer record soon
             self.parquet.write_trial(rec)
 
     # --- MLflow tags ----------------------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +46,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     experiments.py); implies ``resume``.
     """
     from cluster.local import connect
-    from orchestrator.store.lock import lock_sweep
+    from orchestrator.store.lock import lock_sweep, unlock_sweep
     from orchestrator.store.manifest import write_manifest
     from orchestrator.store.weights import keep_weights
     from orchestrator.sweep.experiments import save_experiment
@@ -56,14 +58,38 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     # checked before Ray starts: a refused extension changes nothing
     plan = _Plan.make(spec, paths, resume, extend)
     spec, exp = plan.spec, plan.exp
+    # The default MLflow store (import + sqlite schema migrations, ~2 s) is built on a thread
+    # while Ray starts (~3 s, mostly waiting on its processes): the two no longer add up. A
+    # store outside the sweep folder (a server) is written only once Ray is up.
+    existed = paths.root.exists()
     # one writer per sweep folder (orchestrator/store/lock.py); the CLI took it already
     lock_sweep(paths.root)
-    connect(address)  # before anything but the lock is written
+    overlap = spec.tracking.mlflow_uri is None
+    store = None
+    if overlap:
+        paths.root.mkdir(parents=True, exist_ok=True)
+        from cluster.local import prepare
+
+        if not address:
+            prepare()  # the environment Ray must see when imported (a warm Ray's token)
+        import ray  # noqa: F401 - imported here, not concurrently with the thread's imports
+
+        store = _Background(_mlflow_sink, spec, paths)
+    try:
+        connect(address)
+    except BaseException:
+        if store is not None:
+            store.wait(quiet=True)
+        if not existed:  # a failed Ray start leaves no sweep folder behind
+            unlock_sweep(paths.root)
+            shutil.rmtree(paths.root, ignore_errors=True)
+        raise
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.spec.write_text(spec.to_yaml())
     if extend or not resume:  # what a later resume restores this experiment with
         save_experiment(paths.ray_storage, exp)
-    mlflow, sink_cb = _sinks(spec, paths, plan.previous)
+    mlflow = store.wait() if store is not None else _mlflow_sink(spec, paths)
+    sink_cb = _sink_callback(spec, paths, mlflow, plan.previous)
     progress = make_progress()(exp.count, _objective(), spec.search.mode, printer=printer,
                                label=spec.search.metric)
     tuner = _tuner(spec, paths, plan, [sink_cb, progress], resume and not extend)
@@ -140,27 +166,57 @@ class _Plan:
         return cls(spec, exp, names, previous, manifest, planned, storage)
 
 
+class _Background:
+    """``fn(*args)`` on a thread; ``wait()`` returns its value or raises its error."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self._out: Any = None
+        self._err: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True,
+                                        name="geosweep-sinks")
+        self._thread.start()
+
+    def _run(self, fn: Any, args: tuple) -> None:
+        try:
+            self._out = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised by wait()
+            self._err = e
+
+    def wait(self, quiet: bool = False) -> Any:
+        self._thread.join()
+        if self._err is not None and not quiet:
+            raise self._err
+        return self._out
+
+
 def _objective() -> str:
     from orchestrator.sweep.worker import OBJECTIVE
 
     return OBJECTIVE
 
 
-def _sinks(spec: SweepSpec, paths: SweepPaths, previous: list[dict[str, Any]]) -> tuple:
-    """The single writers (MLflow parent + Parquet dataset) behind one Tune callback."""
+def _mlflow_sink(spec: SweepSpec, paths: SweepPaths) -> Any:
+    """The sweep's MLflow writer with its parent run (runs on a thread while Ray starts)."""
     from orchestrator.store.mlflow import MlflowSink
-    from orchestrator.store.parquet import ParquetSink
-    from orchestrator.sweep.callback import SinkCallback
     from orchestrator.sweep.provenance import provenance
 
     mlflow = MlflowSink(paths.mlflow_uri, spec.tracking.experiment or spec.name, spec.name,
                         artifact_location=str(paths.artifacts))
     mlflow.start_parent(spec.to_yaml(), params={"sweep": spec.name}, provenance=provenance())
+    return mlflow
+
+
+def _sink_callback(spec: SweepSpec, paths: SweepPaths, mlflow: Any,
+                   previous: list[dict[str, Any]]) -> Any:
+    """The single writers (MLflow parent + Parquet dataset) behind one Tune callback."""
+    from orchestrator.store.parquet import ParquetSink
+    from orchestrator.sweep.callback import SinkCallback
+
     parquet = ParquetSink(paths.parquet_root, spec.name)
     sink_cb = SinkCallback(mlflow=mlflow, parquet=parquet, sweep=spec.name,
                            metric=_objective(), background=True)
     sink_cb.preload(previous)
-    return mlflow, sink_cb
+    return sink_cb
 
 
 def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,

@@ -171,3 +171,34 @@ def test_running_children_lists_only_this_sweeps_unfinished_trials(store):
     other.start_child("t9", {})
     assert a.running_children() == ["t1", "t3"]
     assert other.running_children() == ["t9"]
+
+
+def test_log_result_one_batch_same_points_as_separate_calls(store, monkeypatch):
+    """A result's curve, scalars and model-wide rows: one log_batch, and exactly the points
+    (values, steps, first value per step kept) that separate log_curve/log_scalars calls keep."""
+    uri, _ = store
+    sink = MlflowSink(uri, "e", "sw")
+    sink.start_parent(SPEC, {}, PROV)
+    sep, one = sink.start_child("sep", {}), sink.start_child("one", {})
+    scal = [({"train/loss": 99.0, "val/loss": 0.25}, 200), ({"geo/rank": 3.0}, 100)]
+    sink.log_curve("sep", _points(1, 200))
+    for sc, step in scal:
+        sink.log_scalars("sep", sc, step)
+    calls = []
+    real = sink.client.log_batch
+
+    def spy(run_id, metrics=(), params=(), tags=()):
+        calls.append(len(metrics))
+        return real(run_id, metrics=metrics, params=params, tags=tags)
+
+    monkeypatch.setattr(sink.client, "log_batch", spy)
+    # 200 train + 2 val points, train/loss at 200 already in the curve (kept: the curve's)
+    assert sink.log_result("one", _points(1, 200), scal) == 200 + 2 + 1
+    assert calls == [203]
+    client = MlflowClient(uri)
+    for key in ("train/loss", "val/loss", "geo/rank"):
+        a = sorted((m.step, m.value) for m in client.get_metric_history(sep, key))
+        b = sorted((m.step, m.value) for m in client.get_metric_history(one, key))
+        assert a == b and a
+    train = {m.step: m.value for m in client.get_metric_history(one, "train/loss")}
+    assert train[200] == 10.0 / 200  # the curve's point, not the scalar's 99.0

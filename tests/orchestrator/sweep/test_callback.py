@@ -199,6 +199,39 @@ def test_background_writer_matches_synchronous(tmp_path):
     assert list(ca.step) == list(cb_.step) and len(ca) == 22
 
 
+def test_background_writer_coalesces_record_writes(tmp_path):
+    """While a later event of the same trial is queued, an earlier one does not rewrite the
+    trial's record file; the file on disk ends as the synchronous writer's, and an event of
+    ANOTHER trial does not suppress a write."""
+    import threading
+
+    gate = threading.Event()
+    writes: list[tuple[str, str]] = []
+
+    class Counting(ParquetSink):
+        def write_trial(self, record):
+            writes.append((record["trial"], record["status"]))
+            super().write_trial(record)
+
+    cb = SinkCallback(parquet=Counting(str(tmp_path), "s"), sweep="s", clock=Clock(),
+                      background=True)
+    # hold the writer thread so that every event below is queued before it runs
+    cb._defer(lambda snap: gate.wait(30), FakeTrial("hold"))
+    t1, t2 = (FakeTrial(t, {"optim.lr": 1e-3, "train.seed": 0}) for t in ("t1", "t2"))
+    cb.on_trial_start(0, [], t1)
+    cb.on_trial_start(0, [], t2)
+    cb.on_trial_result(0, [], t1, _payload(t1, 1, 10))
+    cb.on_trial_result(0, [], t1, _payload(t1, 11, 20, status="completed"))
+    cb.on_trial_complete(0, [], t1)
+    gate.set()
+    recs = cb.records()
+    assert [r["status"] for r in recs] == ["completed", "running"]
+    # t1: its start (a result was queued behind it) and both results coalesce into the final
+    # write; t2's start is written (nothing of t2 was queued after it)
+    assert writes == [("t2", "running"), ("t1", "completed")]
+    assert sorted(read_trials(str(tmp_path), sweep="s").status) == ["completed", "running"]
+
+
 def test_background_writer_error_surfaces_on_flush(tmp_path):
     class Broken(ParquetSink):
         def write_curve(self, trial_id, points):
