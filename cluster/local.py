@@ -1,6 +1,6 @@
 """Start or join Ray with the environment geosweep needs; nothing here knows about models.
 
-Facts this encodes (../shared/PLATFORM.md): usage stats off (no network), a fast Ray Train
+Facts this encodes (docs/platform.md): usage stats off (no network), a fast Ray Train
 health-check poll (``ray.train.report`` otherwise waits ~2 s per report), Ray's log noise
 quieted, temp files in a folder we choose.
 """

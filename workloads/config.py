@@ -69,7 +69,7 @@ class GPTConfig:
 
 @dataclass
 class MLPConfig:
-    """The residual MLP of SCIENCE.md 4.5: d_in -> width -> depth x (width x width) -> n_classes."""
+    """The residual MLP of docs/science.md §4.5: d_in -> width -> depth x (width^2) -> classes."""
 
     arch: str = "mlp"
     d_in: int = 784
@@ -107,7 +107,7 @@ class DataConfig:
 
 @dataclass
 class MuonConfig:
-    """Muon for the hidden matrices; SCIENCE.md 3.1. Defaults are Paper B's form."""
+    """Muon for the hidden matrices; docs/science.md §3.1. Defaults are Paper B's form."""
 
     lr: float = 0.02  # follows the AdamW schedule: lr_t * muon.lr / optim.lr
     momentum: float = 0.95
@@ -120,7 +120,7 @@ class MuonConfig:
 
 @dataclass
 class ManifoldConfig:
-    """Which constraint each Muon-managed matrix lives on; SCIENCE.md 3.2-3.4."""
+    """Which constraint each Muon-managed matrix lives on; docs/science.md §3.2-3.4."""
 
     # unconstrained | all_stiefel | all_dgram | hetero | hetero_inv, or {module-pattern: constraint}
     assignment: Any = "unconstrained"
@@ -215,7 +215,7 @@ def gpt_debug() -> WorkloadConfig:
 
 
 def gpt_tiny() -> WorkloadConfig:
-    """nanoGPT's CPU recipe (SCIENCE.md 1.2 Tiny-A) on GPT-2 BPE Shakespeare."""
+    """nanoGPT's CPU recipe (docs/science.md §1.2 Tiny-A) on GPT-2 BPE Shakespeare."""
     return WorkloadConfig(
         preset="gpt-tiny",
         model=GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64),
@@ -227,7 +227,7 @@ def gpt_tiny() -> WorkloadConfig:
 
 
 def llama_tiny() -> WorkloadConfig:
-    """SCIENCE.md 1.2 Tiny-C: a 2-layer, d=64 Llama-style model on a small token stream."""
+    """docs/science.md §1.2 Tiny-C: a 2-layer, d=64 Llama-style model on a small token stream."""
     return WorkloadConfig(
         preset="llama-tiny",
         model=GPTConfig(
@@ -253,7 +253,7 @@ def mlp_debug() -> WorkloadConfig:
 
 
 def mlp_mnist() -> WorkloadConfig:
-    """SCIENCE.md 4.5: 16 x 256 on MNIST, Adam 1e-3, batch 128, 10 epochs, metrics every 50."""
+    """docs/science.md §4.5: 16 x 256 on MNIST, Adam 1e-3, batch 128, 10 epochs, metrics/50."""
     return WorkloadConfig(
         preset="mlp-mnist",
         model=MLPConfig(width=256, depth=16),
@@ -267,7 +267,7 @@ def mlp_mnist() -> WorkloadConfig:
 
 
 def gpt2_small() -> WorkloadConfig:
-    """GPT-2 small (124M), nanoGPT defaults (SCIENCE.md 1.1); meant for GPUs."""
+    """GPT-2 small (124M), nanoGPT defaults (docs/science.md §1.1); meant for GPUs."""
     return WorkloadConfig(
         preset="gpt2-small",
         model=GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024),

@@ -1,4 +1,4 @@
-"""Geometric continuity of checkpoints geosweep did not train (SCIENCE.md 4.2-4.3), streamed.
+"""Geometric continuity of checkpoints geosweep did not train (docs/science.md §4.2-4.3), streamed.
 
 A CHECKPOINT is a local Hugging Face folder (``config.json`` + ``model.safetensors`` or a sharded
 ``model.safetensors.index.json``), a hub id (downloaded when online), or a geosweep checkpoint

@@ -1,4 +1,4 @@
-"""Residual-stream families (SCIENCE.md 2.5-2.6): how a block's branches meet the hidden state.
+"""Residual-stream families (docs/science.md §2.5-2.6): how a block's branches meet the stream.
 
 A family is one small ``nn.Module`` with ``enter(x0) -> h``, ``sublayer(k, h, branch) -> h``
 (k = 0 .. 2L-1; even = attention, odd = MLP) and ``exit(h) -> h`` (the final norm), registered
@@ -100,7 +100,7 @@ class PeriLNParams:
 
 @dataclass
 class PreDyTParams:
-    # SCIENCE.md 2.6, d=768 [DESIGN]: attention-norm a0 in {1, 2}; FFN and final 0.5
+    # docs/science.md §2.6, d=768 [DESIGN]: attention-norm a0 in {1, 2}; FFN and final 0.5
     alpha_attn: float = 1.0
     alpha_ffn: float = 0.5
     alpha_final: float = 0.5

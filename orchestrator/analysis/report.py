@@ -142,5 +142,5 @@ def _metrics_md(data: SweepData, cfg: ReportConfig, mtab) -> list[str]:
         lines += [f"† s1/s2 < {cfg.min_gap} for most of these matrices at the last "
                   "step: the top singular vector is ill-defined (a Stiefel matrix has "
                   "s1/s2 = 1), so top-1 continuity says nothing there; read the top-k "
-                  "subspace rows (`w.sub4_*`, SCIENCE.md M2) in metrics.csv.", ""]
+                  "subspace rows (`w.sub4_*`, docs/science.md §4.3 (M2)) in metrics.csv.", ""]
     return lines

@@ -129,8 +129,9 @@ def _small_gap_share(metrics: pd.DataFrame, trials: pd.Series,
                      min_gap: float) -> dict[tuple[str, str], float]:
     """(trial, module) -> share of its matrices whose last logged s1/s2 is below ``min_gap``.
 
-    SCIENCE.md M2: with s1/s2 < 1.05 the top singular vector is ill-defined (a Stiefel matrix
-    has s1/s2 = 1 exactly), so its top-1 continuity says nothing; read the top-k subspace."""
+    docs/science.md §4.3 (M2): with s1/s2 < 1.05 the top singular vector is ill-defined
+    (a Stiefel matrix has s1/s2 = 1 exactly), so its top-1 continuity says nothing; read the
+    top-k subspace."""
     if metrics.empty:
         return {}
     g = metrics[(metrics["metric"] == "w.s1_s2") & metrics["trial"].isin(trials)]

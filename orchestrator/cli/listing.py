@@ -12,7 +12,7 @@ __all__ = ["SECTIONS", "listing", "cmd_list"]
 def _presets() -> list[tuple[str, str]]:
     from workloads.config import PRESETS
 
-    return [(k, _first_line(f.__doc__).replace("SCIENCE.md", "docs/science.md"))
+    return [(k, _first_line(f.__doc__))
             for k, f in PRESETS.items()]
 
 

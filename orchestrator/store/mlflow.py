@@ -1,7 +1,7 @@
 """MLflow writer of one sweep: a parent run per sweep, a child run per trial.
 
 One writer per sweep, living in the driver process (Ray Train V2 rejects Tune's MLflow logger
-and nested runs from workers are buggy, see PLATFORM.md). Only ``MlflowClient`` is used, so
+and nested runs from workers are buggy, see docs/platform.md). Only ``MlflowClient`` is used, so
 nothing depends on MLflow's global active-run state.
 
 Resumable and idempotent: the parent is found again by its tag ``geosweep.sweep`` (+ role

@@ -35,7 +35,7 @@ def trial_resources(resources: Any) -> dict[str, float]:
         res.update({k: float(v) for k, v in resources.custom.items()})
         return res
     # The driver only waits on its TorchTrainer; a full CPU for it would starve the workers
-    # (1 driver + 2 workers at 1 CPU hangs on a 2-core machine: PLATFORM.md).
+    # (1 driver + 2 workers at 1 CPU hangs on a 2-core machine: docs/platform.md).
     return {"CPU": 0.01}
 
 
@@ -90,7 +90,7 @@ def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
             num_workers=r.workers_per_trial, use_gpu=bool(r.gpus_per_worker),
             resources_per_worker=per_worker),
         run_config=ray.train.RunConfig(
-            name=f"train-{trial_id}",  # unique per Tune trial, never random (PLATFORM.md)
+            name=f"train-{trial_id}",  # unique per Tune trial, never random (docs/platform.md)
             storage_path=storage,
             callbacks=[TuneReportCallback()],
             failure_config=ray.train.FailureConfig(max_failures=r.max_failures),

@@ -1,4 +1,4 @@
-"""Continuity metrics against independent references (SCIENCE.md 4.7), mostly in fp64."""
+"""Continuity metrics against independent references (docs/science.md §4.7), mostly in fp64."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPT / Llama models wired through every residual family (SCIENCE.md 1.1, 2.7 item 5, 4.6)."""
+"""GPT / Llama models wired through every residual family (docs/science.md §1.1, §2.7, §4.6)."""
 
 import dataclasses
 import math

@@ -1,4 +1,4 @@
-"""Instability metrics (SCIENCE.md 3.5) against brute-force references, in fp64."""
+"""Instability metrics (docs/science.md §3.5) against brute-force references, in fp64."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Stiefel / DGram dual ascent, tangent projections, retractions and 50 Manifold Muon steps;
-SCIENCE.md 3.2, 3.3, 3.6. fp64 with the SVD msign where the claim is exact math."""
+docs/science.md §3.2, 3.3, 3.6. fp64 with the SVD msign where the claim is exact math."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_colnorm_polar_is_idempotent_and_first_order():
 
 
 def test_paper_svd_sorted_re_sorts_column_norms():
-    """Documented quirk (SCIENCE.md 3.3): not idempotent; columns come back sorted by norm."""
+    """Documented quirk (docs/science.md §3.3): not idempotent; columns come back sorted by norm."""
     W, d = on_dgram(48, 16, seed=9)
     R = dgram_retract(W, "paper_svd_sorted")
     norms = torch.linalg.vector_norm(R, dim=0)

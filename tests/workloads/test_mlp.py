@@ -1,4 +1,4 @@
-"""The residual MLP of SCIENCE.md 4.5: shapes, block semantics, symmetry, init, training."""
+"""The residual MLP of docs/science.md §4.5: shapes, block semantics, symmetry, init, training."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""msign backends against an independent fp64 polar factor (eigh of X^T X); SCIENCE.md 3.6."""
+"""msign backends against an independent fp64 polar factor (eigh of X^T X); docs/science.md §3.6."""
 
 from __future__ import annotations
 

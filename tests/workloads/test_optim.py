@@ -1,5 +1,6 @@
 """build_optimizers: grouping, assignment mapping, Muon math, lr schedule, checkpoints;
-SCIENCE.md 3.1, 3.4, 3.6 item 5. Stand-in models implement matrix_roles() per docs/contracts.md."""
+docs/science.md §3.1, 3.4, 3.6 item 5. Stand-in models implement matrix_roles()
+(docs/contracts.md)."""
 
 from __future__ import annotations
 
@@ -308,7 +309,7 @@ def test_every_strategy_trains_gpt_debug(strategy):
     wl = gpt_debug()
     model = build_model(wl.model, vocab_size=65)
     wl.optim.name, wl.optim.manifold.assignment = "muon", strategy
-    wl.optim.manifold.dual_steps = 5  # SCIENCE.md 1.2 Tiny-B
+    wl.optim.manifold.dual_steps = 5  # docs/science.md §1.2 Tiny-B
     opts = build_optimizers(model, wl.optim)
     assert len(opts.managed) == 4 * wl.model.n_layer
     g = torch.Generator().manual_seed(1)

@@ -1,4 +1,4 @@
-"""p-SpheretNorm retraction against independent references (SCIENCE.md 2.7, items 1-4)."""
+"""p-SpheretNorm retraction against independent references (docs/science.md §2.7, items 1-4)."""
 
 import math
 

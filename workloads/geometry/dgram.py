@@ -1,4 +1,4 @@
-"""The DGram manifold {W = Q D : Q in St(m, n), D diagonal}; SCIENCE.md 3.3.
+"""The DGram manifold {W = Q D : Q in St(m, n), D diagonal}; docs/science.md §3.3.
 
 Columns mutually orthogonal, column norms free: Off(W^T W) = 0. Tall form (m >= n).
 Tangent space T_W = {A : Off(W^T A + A^T W) = 0}; column rescalings W E are tangent, which is
@@ -57,7 +57,7 @@ def dgram_retract(
     - ``paper_svd_sorted`` (Paper B): W = U S V^T -> U V^T diag(s_1 >= ... >= s_n). Column j of
       the polar factor gets the j-th largest singular value, so it is NOT idempotent on DGram:
       a point Q D with unsorted D comes back as Q diag(sort_desc |D|) (column norms re-sorted).
-    - ``colnorm_polar`` (SCIENCE.md 3.3, ours): msign(W) diag(||w_1||, ..., ||w_n||);
+    - ``colnorm_polar`` (docs/science.md §3.3, ours): msign(W) diag(||w_1||, ..., ||w_n||);
       idempotent on DGram and first-order; no SVD with the default Polar Express msign.
     """
     if method == "paper_svd_sorted":
@@ -71,7 +71,7 @@ def dgram_retract(
 
 
 def dgram_tangent_project(W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
-    """Euclidean projection of Z onto T_W DGram, for W on DGram (SCIENCE.md 3.3, derived).
+    """Euclidean projection of Z onto T_W DGram, for W on DGram (docs/science.md §3.3, derived).
 
     Pi(Z) = Z - W S, S_ij = (W^T Z + Z^T W)_ij / (d_i^2 + d_j^2) off the diagonal, S_ii = 0,
     with d_i^2 = (W^T W)_ii.
@@ -83,6 +83,6 @@ def dgram_tangent_project(W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
 
 
 def dgram_violation(W: torch.Tensor) -> torch.Tensor:
-    """||Off(W^T W)||_F / ||W^T W||_F for tall W (..., m, n); SCIENCE.md 3.5."""
+    """||Off(W^T W)||_F / ||W^T W||_F for tall W (..., m, n); docs/science.md §3.5."""
     gram = W.mT @ W
     return torch.linalg.matrix_norm(off(gram)) / torch.linalg.matrix_norm(gram)

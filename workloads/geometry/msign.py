@@ -1,4 +1,4 @@
-"""The matrix sign (polar factor) ``msign(X) = U V^T``; SCIENCE.md 3.1.
+"""The matrix sign (polar factor) ``msign(X) = U V^T``; docs/science.md §3.1.
 
 Three backends, chosen by name (``MSIGN_METHODS``):
 

@@ -1,4 +1,4 @@
-"""The p-SpheretNorm retraction on the sphere ||h|| = r (SCIENCE.md 2.3-2.4).
+"""The p-SpheretNorm retraction on the sphere ||h|| = r (docs/science.md §2.3-2.4).
 
 Every norm-preserving retraction in span{h, xi} is a rotation by an angle theta = phi(beta),
 beta = ||xi|| / r. p-SpheretNorm uses theta_p(beta) = p * arctan(beta / p):
@@ -40,7 +40,7 @@ def _tau(p: float) -> float:
 
 
 def _taylor(beta2: Tensor, p: float) -> tuple[Tensor, Tensor]:
-    """cos(theta_p), sin(theta_p)/beta to O(beta^6) (SCIENCE.md 2.3 plus the beta^4 term of S)."""
+    """cos(theta_p), sin(theta_p)/beta to O(beta^6) (docs/science.md §2.3, + beta^4 of S)."""
     ip2 = 0.0 if math.isinf(p) else 1.0 / (p * p)
     b4 = beta2 * beta2
     c = 1.0 - 0.5 * beta2 + (1.0 / 24.0 + ip2 / 3.0) * b4

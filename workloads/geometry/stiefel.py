@@ -1,4 +1,4 @@
-"""The Stiefel manifold St(m, n) = {W : W^T W = I_n} for Manifold Muon; SCIENCE.md 3.2.
+"""The Stiefel manifold St(m, n) = {W : W^T W = I_n} for Manifold Muon; docs/science.md §3.2.
 
 Tall form throughout (m >= n): callers transpose wide matrices first. Modula's words:
 ``project`` (nearest point), ``dualize`` (steepest unit-spectral-norm tangent direction),
@@ -6,7 +6,7 @@ Tall form throughout (m >= n): callers transpose wide matrices first. Modula's w
 
 Sign convention is the code's: ``A = +msign(G + 2 W Lambda)`` and the step is ``W - eta A``.
 The dual ascent lives here in its Gram-space form (any self-adjoint projector ``P`` on
-symmetric n x n matrices, SCIENCE.md 3.3); Stiefel is ``P = identity``, DGram passes ``Off``.
+symmetric n x n matrices, docs/science.md §3.3); Stiefel is ``P = identity``, DGram passes ``Off``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def stiefel_tangent_project(W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
 
 
 def stiefel_violation(W: torch.Tensor) -> torch.Tensor:
-    """||W^T W - I||_F / sqrt(n) for tall W (..., m, n); SCIENCE.md 3.5."""
+    """||W^T W - I||_F / sqrt(n) for tall W (..., m, n); docs/science.md §3.5."""
     n = W.shape[-1]
     eye = torch.eye(n, dtype=W.dtype, device=W.device)
     return torch.linalg.matrix_norm(W.mT @ W - eye) / math.sqrt(n)

@@ -1,4 +1,4 @@
-"""Geometric-continuity metrics of SCIENCE.md 4.3-4.4: pure functions on (stacks of) matrices.
+"""Geometric-continuity metrics of docs/science.md §4.3-4.4: pure functions on (stacks of) matrices.
 
 Weights use the ``nn.Linear`` layout W (m x n, out x in), ``W = U diag(S) V^T``; ``u`` lives in
 output space, ``v`` in input space. Every function accepts a leading batch of layers

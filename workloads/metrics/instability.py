@@ -1,4 +1,4 @@
-"""Attention-instability metrics of SCIENCE.md 3.5: pure functions on weights and score tensors.
+"""Attention-instability metrics of docs/science.md §3.5: pure functions on weights and scores.
 
 Scores are pre-softmax logits s_ij = q_i . k_j / sqrt(d_h), shape (B, nh, T, T), without the
 causal mask (the contract of ``attn.scores``); the functions here apply it (keys j <= i).

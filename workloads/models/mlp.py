@@ -1,4 +1,4 @@
-"""The toy residual MLP of SCIENCE.md 4.5 and its ablation arms.
+"""The toy residual MLP of docs/science.md §4.5 and its ablation arms.
 
     x (B, 784) -> w_in -> h (B, width) -> depth x Block -> w_out -> logits (B, n_classes)
     Block, skip=True:   h <- h + phi(W_l N(h))      (Res+Act, Res+None, Res+Radial, norm arms)

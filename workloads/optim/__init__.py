@@ -1,4 +1,4 @@
-"""Optimizers: AdamW, and Muon / Manifold Muon for the hidden matrices (SCIENCE.md 3)."""
+"""Optimizers: AdamW, and Muon / Manifold Muon for the hidden matrices (docs/science.md §3)."""
 
 from workloads.optim.assignment import (
     CONSTRAINTS,

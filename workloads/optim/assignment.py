@@ -1,4 +1,4 @@
-"""Which constraint each Muon-managed matrix lives on; SCIENCE.md 3.4.
+"""Which constraint each Muon-managed matrix lives on; docs/science.md §3.4.
 
 ``optim.manifold.assignment`` is a strategy name (Paper B's ``--manifold`` arms) or an explicit
 ``{pattern: constraint}`` dict. A pattern is an fnmatch pattern tried against the parameter name

@@ -1,4 +1,4 @@
-"""Muon and Manifold Muon for the hidden matrices; SCIENCE.md 3.1-3.4.
+"""Muon and Manifold Muon for the hidden matrices; docs/science.md §3.1-3.4.
 
 One optimizer class; every param group carries a ``constraint``:
 

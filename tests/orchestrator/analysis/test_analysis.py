@@ -315,7 +315,7 @@ def test_metric_table_last_step_of_completed_trials(sweep):
 
 
 def test_small_spectral_gap_is_flagged(sweep):
-    """SCIENCE.md M2: top-1 continuity of matrices with s1/s2 < 1.05 is marked, not trusted."""
+    """docs/science.md §4.3 (M2): top-1 continuity with s1/s2 < 1.05 is marked, not trusted."""
     out = pd.read_csv(sweep["root"] / "report" / "metrics.csv")
     top1 = out[out["metric"] == "w.top1_v"].set_index(["arm", "module"])["small_gap"]
     assert top1[(PINF, "q")] == 1.0
