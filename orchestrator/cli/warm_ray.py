@@ -55,7 +55,8 @@ def _cpus(v: str) -> int:
 
 def add(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("ray", help="start | stop | status of a warm local Ray that sweeps join")
-    r.add_argument("action", choices=("start", "stop", "status"))
+    r.add_argument("action", choices=("start", "stop", "status"),
+                   help="start a warm Ray (127.0.0.1, token auth), stop it, or show it")
     r.add_argument("--num-cpus", type=_cpus, default=None,
                    help="CPUs the local Ray offers (default: all)")
     r.set_defaults(fn=cmd_ray)
