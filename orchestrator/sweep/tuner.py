@@ -43,6 +43,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     experiments.py); implies ``resume``.
     """
     from cluster.local import connect
+    from orchestrator.store.summary import log_sweep_summary
     from orchestrator.store.weights import keep_weights
     from orchestrator.sweep.experiments import save_experiment
 
@@ -68,12 +69,18 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
         "address": address, "experiments": plan.names + ([exp.name] if extend else []),
     }, indent=2))
     t_fit = time.time()
-    tuner.fit()
-    fit_s = time.time() - t_fit
-    if resume:
-        _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
-    records = sink_cb.records()
-    keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
+    try:
+        tuner.fit()
+        fit_s = time.time() - t_fit
+        if resume:
+            _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
+        records = sink_cb.records()
+        keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
+        log_sweep_summary(mlflow, records, _objective(), spec.search.mode)
+    except BaseException as e:  # a sweep that raises (or is interrupted) is not FINISHED
+        mlflow.end_parent(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
+                          error=f"{type(e).__name__}: {e}"[:2000])
+        raise
     mlflow.end_parent(status="FINISHED")
     counts: dict[str, int] = {}
     for r in records:
