@@ -44,6 +44,7 @@ def study_from_trials(trials: pd.DataFrame, mode: str = "min"):
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # "A new study created in memory"
     done = trials[(trials["status"] == "completed")].copy()
     y = rank_value(done)
     done = done[np.isfinite(y.to_numpy(dtype=float))]
