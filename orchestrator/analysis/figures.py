@@ -79,16 +79,47 @@ def _arm_lines(ax, df: pd.DataFrame, data: SweepData, arms: list[str], labels: d
     return drawn
 
 
+MAX_CURVE_ARMS = 12  # more lines than a legend can name: the best arms are drawn
+MAX_POINTS = 500  # points per curve drawn: steps are averaged in bins above that
+
+
+def _best_arms(data: SweepData, arms: list[str], k: int) -> list[str]:
+    """At most ``k`` arms, the best first by mean final val loss of completed trials."""
+    if len(arms) <= k:
+        return arms
+    t = data.trials[data.trials["status"] == "completed"]
+    mean = t.groupby("arm")["final_val_loss"].mean()
+    order = sorted(arms, key=lambda a: (not np.isfinite(mean.get(a, np.nan)),
+                                        mean.get(a, np.nan), arms.index(a)))
+    return order[:k]
+
+
+def _thin(d: pd.DataFrame) -> pd.DataFrame:
+    """Mean over step bins so that a curve has at most MAX_POINTS points (10,000 steps:
+    bins of 20; a plot cannot show more, and Agg draws 1,000s of lines x 10,000 points in
+    minutes)."""
+    if d.empty:
+        return d
+    width = int(np.ceil((int(d["step"].max()) + 1) / MAX_POINTS))
+    if width <= 1:
+        return d
+    d = d.assign(step=(d["step"] // width + 1) * width)
+    return d.groupby(["trial", "step"], as_index=False, observed=True)["value"].mean()
+
+
 def _fig_loss_curves(data: SweepData, cfg: ReportConfig, arms, labels, colors, path) -> str | None:
     c = data.curves
     c = c[c["metric"] == "loss"] if not c.empty else c
     splits = [s for s in ("train", "val") if not c.empty and (c["split"] == s).any()]
     if not splits:
         return "loss curves: no train/val loss rows in curves/"
+    arms = _best_arms(data, arms, MAX_CURVE_ARMS)  # a search has an arm per trial
+    keep = data.trials.loc[data.trials["arm"].isin(arms), "trial"]
+    c = c[c["trial"].isin(keep)]
     fig = _figure(5.5 * len(splits), 4.5)
     axes = fig.subplots(1, len(splits), squeeze=False)[0]
     for ax, split in zip(axes, splits):
-        d = c[c["split"] == split][["trial", "step", "value"]]
+        d = _thin(c[c["split"] == split][["trial", "step", "value"]])
         _arm_lines(ax, d, data, arms, labels, colors, cfg.band)
         v = d["value"].dropna()
         lo, hi = float(v.min()), float(v.quantile(0.995))  # a diverged seed must not flatten all
@@ -97,7 +128,8 @@ def _fig_loss_curves(data: SweepData, cfg: ReportConfig, arms, labels, colors, p
         ax.set(title=f"{split} loss", xlabel="step", ylabel="loss")
         ax.grid(alpha=0.3)
     band = "min-max" if cfg.band == "minmax" else "+-1 std"
-    fig.suptitle(f"{data.name}: mean over seeds, band = {band} over seeds")
+    best = f", the {len(arms)} best arms" if len(arms) < len(labels) else ""
+    fig.suptitle(f"{data.name}: mean over seeds, band = {band} over seeds{best}")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncol=min(3, len(names)), fontsize=7)
     fig.savefig(path)

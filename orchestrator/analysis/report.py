@@ -75,6 +75,10 @@ def write_report(root: str | Path, baseline: str | None = None,
     mtab.to_csv(out / "metrics.csv", index=False)
 
     made, skipped = draw_figures(data, cfg, out)
+    from orchestrator.analysis.search_report import search_section
+
+    search_md, search_skipped = search_section(trials, data.root, data.name, out, _md_table)
+    skipped += search_skipped
     counts = data.trials["status"].value_counts().to_dict()
     lines = [
         f"# Sweep report: {data.name}", "",
@@ -90,8 +94,7 @@ def write_report(root: str | Path, baseline: str | None = None,
         f" (completed + diverged), Wilson {cfg.conf:.0%} interval. Spikes: episodes with train "
         f"loss > {cfg.spike_factor}x its running minimum (and > min + {cfg.spike_min_delta}).",
         "", "Full table: [arms.csv](arms.csv); per trial: [trials.csv](trials.csv).", "",
-        "## Figures", "",
-    ]
+    ] + search_md + ["## Figures", ""]
     for title, fname in made:
         lines += [f"### {title}", "", f"![{title}]({fname})", ""]
     lines += _metrics_md(data, cfg, mtab)

@@ -26,6 +26,8 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from orchestrator.store.run_names import END_STATUS, EXPERIMENT_KIND
+
 __all__ = ["MlflowSink", "default_tracking", "flatten_params", "TAG"]
 
 TAG = "geosweep."
@@ -34,9 +36,7 @@ _MAX_PARAMS_TAGS = 100
 _MAX_PARAM_LEN = 6000
 _MAX_TAG_LEN = 5000
 _BAD_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
-# geosweep status -> MLflow run status; "stopped" = ended early by a scheduler (ASHA)
-_END_STATUS = {"completed": "FINISHED", "diverged": "FINISHED", "stopped": "FINISHED",
-               "failed": "FAILED"}
+_END_STATUS = END_STATUS  # geosweep status -> MLflow run status (store/run_names.py)
 
 
 def default_tracking(sweep_dir: str) -> tuple[str, str]:
@@ -99,10 +99,13 @@ class MlflowSink:
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             self.experiment_id = self.client.create_experiment(
-                experiment, artifact_location=artifact_location
+                experiment, artifact_location=artifact_location, tags=EXPERIMENT_KIND
             )
         else:
             self.experiment_id = exp.experiment_id
+            if any(exp.tags.get(k) != v for k, v in EXPERIMENT_KIND.items()):
+                for k, v in EXPERIMENT_KIND.items():  # stores made before the tag existed
+                    self.client.set_experiment_tag(self.experiment_id, k, v)
         self.parent_id: str | None = None
         self._children: dict[str, str] = {}  # trial id -> run id
         self._start_ms: dict[str, int] = {}  # trial id -> child start time (ms)
@@ -134,8 +137,10 @@ class MlflowSink:
         self.client.log_dict(run_id, provenance, "provenance.json")
         return run_id
 
-    def start_child(self, trial_id: str, params: dict, tags: dict | None = None) -> str:
-        """The trial's child run, created once: a resumed trial gets its old run back."""
+    def start_child(self, trial_id: str, params: dict, tags: dict | None = None,
+                    name: str | None = None) -> str:
+        """The trial's child run, created once: a resumed trial gets its old run back.
+        ``name``: the run's name in the UI (store/run_names.py; default the trial id)."""
         if self.parent_id is None:
             raise RuntimeError("start_parent must be called before start_child")
         if trial_id in self._children:
@@ -145,7 +150,7 @@ class MlflowSink:
             run_id = self._find(ident)
             if run_id is None:
                 run = self.client.create_run(
-                    self.experiment_id, run_name=trial_id,
+                    self.experiment_id, run_name=name or trial_id,
                     tags={**ident, f"{TAG}role": "child", "mlflow.parentRunId": self.parent_id},
                 )
                 run_id = run.info.run_id
@@ -182,10 +187,21 @@ class MlflowSink:
         self._log_tags(run_id, {f"{TAG}status": status, **(tags or {})})
         self.client.set_terminated(run_id, status=_END_STATUS[status])
 
-    def end_parent(self, status: str = "FINISHED") -> None:
-        """Terminate the parent run (FINISHED | FAILED | KILLED)."""
+    def end_parent(self, status: str = "FINISHED", error: str | None = None) -> None:
+        """Terminate the parent run (FINISHED | FAILED | KILLED); ``error``: why it failed."""
         if self.parent_id is not None:
+            if error:
+                self._log_tags(self.parent_id, {f"{TAG}status": "failed",
+                                                f"{TAG}reason": error})
             self.client.set_terminated(self.parent_id, status=status)
+
+    def find_child(self, trial_id: str) -> str | None:
+        """The run id of this sweep's child of ``trial_id`` in the store, or None."""
+        return self._find({f"{TAG}sweep": self.sweep, f"{TAG}trial_id": trial_id})
+
+    def run_id(self, trial_id: str | None = None) -> str:
+        """The MLflow run id of a trial's child (the parent's when ``trial_id`` is None)."""
+        return self._run(trial_id)
 
     def _run(self, trial_id: str | None) -> str:
         run_id = self.parent_id if trial_id is None else self._children.get(trial_id)

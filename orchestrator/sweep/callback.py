@@ -45,6 +45,7 @@ from ray.tune import Callback
 
 from orchestrator.store.mlflow import TAG, MlflowSink
 from orchestrator.store.parquet import ParquetSink
+from orchestrator.store.run_names import reason, run_name
 from orchestrator.sweep.params import P_KEY
 from orchestrator.sweep.space import flat_from_tune_config
 
@@ -134,7 +135,8 @@ class SinkCallback(Callback):
         rec = self._record(trial)
         rec["error"] = error
         if self.mlflow is not None:  # find the child again so that it can be ended
-            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec))
+            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec),
+                                    name=run_name(rec["params"]))
         self._finish(trial, "failed")
 
     def flush(self) -> None:
@@ -203,8 +205,9 @@ class SinkCallback(Callback):
         rec = self._record(trial)
         if rec["status"] not in ("completed", "diverged"):  # else: a finished trial re-started
             rec["status"] = "running"                       # by a resume; it keeps its outcome
-        if self.mlflow is not None:
-            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec))
+        if self.mlflow is not None:  # named by its arm: searched params + seed
+            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec),
+                                    name=run_name(rec["params"]))
         self._write(rec)
 
     def on_trial_restore(self, iteration: int, trials: list, trial: Any, **info) -> None:
@@ -333,7 +336,8 @@ class SinkCallback(Callback):
             tags = self._tags(rec)
             tags.update({f"{TAG}best_val_loss": rec.get("best_val_loss"),
                          f"{TAG}wall_s": rec["wall_s"], f"{TAG}overhead_s": rec["overhead_s"],
-                         f"{TAG}error": rec.get("error") if status == "failed" else None})
+                         f"{TAG}error": rec.get("error") if status == "failed" else None,
+                         f"{TAG}reason": reason(rec, status)})
             self.mlflow.end_child(trial.trial_id, status, tags)
 
     def _write(self, rec: dict) -> None:

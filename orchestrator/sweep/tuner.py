@@ -48,6 +48,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     from cluster.local import connect
     from orchestrator.store.lock import lock_sweep, unlock_sweep
     from orchestrator.store.manifest import write_manifest
+    from orchestrator.store.summary import log_sweep_summary
     from orchestrator.store.weights import keep_weights
     from orchestrator.sweep.experiments import save_experiment
 
@@ -101,19 +102,21 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     t_fit = time.time()
     try:
         _, interrupted = fit_watching_sigint(tuner)
-    except KeyboardInterrupt:  # a second Ctrl-C: Tune's last snapshot is skipped
-        mlflow.end_parent(status="KILLED")
+        fit_s = time.time() - t_fit
+        printer("[geosweep] trials ended; writing MLflow/Parquet records and the kept weights...")
+        if resume and not interrupted:
+            _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
+        records = sink_cb.records()
+        counts: dict[str, int] = {}
+        for r in records:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        if not interrupted:
+            keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
+            log_sweep_summary(mlflow, records, _objective(), spec.search.mode)
+    except BaseException as e:  # a sweep that raises (or a second Ctrl-C) is not FINISHED
+        mlflow.end_parent(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
+                          error=f"{type(e).__name__}: {e}"[:2000])
         raise
-    fit_s = time.time() - t_fit
-    printer("[geosweep] trials ended; writing MLflow/Parquet records and the kept weights...")
-    if resume and not interrupted:
-        _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
-    records = sink_cb.records()
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    if not interrupted:
-        keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
     # a sweep whose every trial failed did not finish; Ctrl-C is KILLED (resume continues it)
     printer("[geosweep] closing the MLflow parent run...")
     all_failed = bool(records) and counts.get("failed", 0) == len(records)

@@ -290,7 +290,8 @@ def test_report_files_and_figures(sweep):
     assert md == out / "report.md"
     text = md.read_text()
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["growth.png", "heatmap_w_top1_v.png", "loss_curves.png", "val_vs_p.png"]
+    assert pngs == ["growth.png", "heatmap_w_top1_v.png", "loss_curves.png",
+                    "objective_vs_params.png", "parallel_coordinates.png", "val_vs_p.png"]
     for name in pngs:
         _assert_png(out / name)
         assert f"]({name})" in text  # every figure is linked
@@ -333,7 +334,8 @@ def test_report_skips_missing_parts_visibly(tmp_path):
     assert "continuity heatmaps: no metric rows" in skipped
     assert "sigma_max(W_Q) growth" in skipped and "max attention logit growth" in skipped
     assert "validation loss vs p: no `model.residual.p` column" in skipped
-    assert sorted(p.name for p in (root / "report").glob("*.png")) == ["loss_curves.png"]
+    assert sorted(p.name for p in (root / "report").glob("*.png")) == [
+        "loss_curves.png", "objective_vs_params.png", "parallel_coordinates.png"]
     assert "not logged: the sweep has no mlflow_uri" in text
 
 

@@ -54,7 +54,7 @@ def test_parent_child_structure_tags_params_and_spec(store, tmp_path):
     assert c.data.tags["geosweep.status"] == "diverged"
     assert c.data.tags["geosweep.divergence.step"] == "17"
     assert c.data.tags["geosweep.seed"] == "0"
-    assert c.info.status == "FINISHED" and c.info.run_name == "t_00000"
+    assert c.info.status == "FAILED" and c.info.run_name == "t_00000"  # diverged = FAILED
     assert c.data.params["optim.lr"] == "0.001"
     assert c.data.params["model.residual.p"] == "inf"
     assert len(c.data.params["long"]) == 6000
@@ -202,3 +202,38 @@ def test_log_result_one_batch_same_points_as_separate_calls(store, monkeypatch):
         assert a == b and a
     train = {m.step: m.value for m in client.get_metric_history(one, "train/loss")}
     assert train[200] == 10.0 / 200  # the curve's point, not the scalar's 99.0
+
+
+def test_model_training_view_summary_and_failed_parent(store):
+    from orchestrator.store.summary import log_sweep_summary
+
+    uri, _ = store
+    sink = MlflowSink(uri, "kind", "sw")
+    client = MlflowClient(uri)
+    exp = client.get_experiment(sink.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    sink.start_parent(SPEC, {}, PROV)
+    recs = [{"trial": "a", "status": "completed", "objective": 2.5},
+            {"trial": "b", "status": "completed", "objective": 1.5},
+            {"trial": "c", "status": "diverged", "objective": 0.1},
+            {"trial": "d", "status": "stopped", "objective": 3.0}]
+    for r in recs:
+        sink.start_child(r["trial"], {"optim.lr": 0.1, "train.seed": 1}, name=f"run {r['trial']}")
+    out = log_sweep_summary(sink, recs, "val/loss")
+    p = client.get_run(sink.parent_id)
+    assert p.data.metrics["sweep/best_objective"] == 1.5  # diverged penalties never win
+    assert p.data.metrics["sweep/n_completed"] == 2 and p.data.metrics["sweep/n_stopped"] == 1
+    assert p.data.metrics["sweep/n_trials"] == 4 and p.data.metrics["sweep/n_failed"] == 0
+    best = sink.run_id("b")
+    assert p.data.tags["geosweep.best.run_id"] == best
+    assert p.data.tags["geosweep.best.run_name"] == "run b"
+    assert p.data.tags["geosweep.best.link"] == f"#/experiments/{sink.experiment_id}/runs/{best}"
+    assert out["tags"]["geosweep.objective"] == "val/loss"
+    sink.end_parent("FAILED", error="RuntimeError: boom")
+    p = client.get_run(sink.parent_id)
+    assert p.info.status == "FAILED" and p.data.tags["geosweep.reason"] == "RuntimeError: boom"
+    # an old experiment without the tag gets it when a sink opens it
+    client.create_experiment("old")
+    MlflowSink(uri, "old", "sw2")
+    assert client.get_experiment_by_name("old").tags["mlflow.experimentKind"] == \
+        "custom_model_development"

@@ -145,7 +145,20 @@ def test_sweep_of_five_trials(sinks, tmp_path):
     by = {r.data.tags["geosweep.trial_id"]: r for r in runs}
     assert all(r.data.tags["mlflow.parentRunId"] == parent for r in runs)
     d = by["div_00001"]
-    assert d.data.tags["geosweep.status"] == "diverged" and d.info.status == "FINISHED"
+    assert d.data.tags["geosweep.status"] == "diverged" and d.info.status == "FAILED"
+    assert d.data.tags["geosweep.reason"] == "diverged: nonfinite_loss at step 14 (nan)"
+    # named by the arm: searched params (compact) + seed
+    assert {k: r.info.run_name for k, r in by.items()} == {
+        "ok_00000": "lr=1 s0", "div_00001": "lr=0.1 s1", "fail_00002": "lr=0.01 s2",
+        "res_00003": "lr=1e-3 s3", "stop_00004": "lr=1e-4 s4"}
+    assert by["stop_00004"].info.status == "KILLED"
+    assert by["stop_00004"].data.tags["geosweep.reason"] == \
+        "stopped early by the scheduler (ASHA) at step 10"
+    assert by["fail_00002"].data.tags["geosweep.reason"] == \
+        "failed: ray.exceptions.ActorDiedError: worker died"
+    assert by["ok_00000"].info.status == "FINISHED"
+    assert "geosweep.reason" not in by["ok_00000"].data.tags
+    assert by["ok_00000"].data.params["train.seed"] == "0"
     assert d.data.tags["geosweep.divergence.reason"] == "nonfinite_loss"
     assert d.data.tags["geosweep.divergence.step"] == "14"
     assert by["fail_00002"].info.status == "FAILED"

@@ -1,0 +1,177 @@
+"""Figures made for searches (a trial per point, not an arm per line): the objective against
+each searched parameter, and parallel coordinates of every trial.
+
+Stopped (ASHA) trials are drawn too, as hollow grey circles: their value is the one at the
+step they reached, so it is not comparable with a completed trial's, but where the scheduler
+cut matters. Diverged trials are red crosses along the top edge (their objective is a
+penalty). p = inf gets its own tick right of the finite values. One Agg figure each, line
+collections instead of a line per trial, so 1,000 trials cost what 10 do.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.analysis.leaderboard import rank_value, searched_params
+
+__all__ = ["axis_values", "fig_objective_vs_params", "fig_parallel"]
+
+
+def _figure(w: float, h: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def axis_values(col: pd.Series) -> tuple[np.ndarray, list[float], list[str], bool]:
+    """A param column as plot positions: (x, tick positions, tick labels, log scale).
+
+    Numbers (``inf`` included) stay numbers, on a log axis when positive and spanning at least
+    10x, with ``inf`` at a tick right of the largest finite value; anything else is a category
+    at 0, 1, 2, ... in sorted order. Missing values (a conditional param) are NaN.
+    """
+    num = pd.to_numeric(col, errors="coerce")
+    if num.notna().sum() == col.notna().sum() and num.notna().any():
+        x = num.to_numpy(dtype=float)
+        fin = x[np.isfinite(x)]
+        log = bool(len(fin)) and fin.min() > 0 and fin.max() >= 10 * fin.min()
+        hi = fin.max() if len(fin) else 1.0
+        lo = fin.min() if len(fin) else 1.0
+        x_inf = hi * max(4.0, (hi / lo) ** 0.2) if log else hi + max(1.0, 0.2 * (hi - lo))
+        has_inf = bool(np.isinf(x).any())
+        x = np.where(np.isinf(x), x_inf, x)
+        if log:
+            ticks = [10.0 ** k for k in range(math.ceil(math.log10(lo) - 1e-9),
+                                              math.floor(math.log10(hi) + 1e-9) + 1)]
+            ticks = ticks if len(ticks) >= 2 else [lo, hi]
+        else:
+            ticks = list(np.linspace(lo, hi, 5)) if hi > lo else [lo]
+        labels = [f"{t:g}" for t in ticks]
+        if has_inf:
+            ticks, labels = ticks + [x_inf], labels + ["inf"]
+        return x, ticks, labels, log
+    cats = sorted(col.dropna().astype(str).unique())
+    pos = {c: float(i) for i, c in enumerate(cats)}
+    x = np.array([pos.get(str(v), np.nan) if v is not None and v == v else np.nan
+                  for v in col], dtype=float)
+    return x, list(pos.values()), cats, False
+
+
+def _groups(trials: pd.DataFrame) -> dict[str, np.ndarray]:
+    s = trials["status"].to_numpy()
+    return {"completed": s == "completed", "stopped": s == "stopped",
+            "diverged": np.isin(s, ("diverged", "failed"))}
+
+
+def fig_objective_vs_params(trials: pd.DataFrame, path: Path,
+                            label: str = "objective") -> str | None:
+    """One panel per searched param; returns why it was skipped, or None."""
+    params = searched_params(trials)
+    if not params:
+        return "objective vs parameters: no searched parameter varies"
+    y = rank_value(trials).to_numpy(dtype=float)
+    g = _groups(trials)
+    ok = np.isfinite(y) & ~g["diverged"]
+    ylo, yhi = (np.nanmin(y[ok]), np.nanquantile(y[ok], 0.98)) if ok.any() else (0.0, 1.0)
+    cols = min(3, len(params))
+    rows = math.ceil(len(params) / cols)
+    fig = _figure(4.2 * cols, 3.4 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, p in zip(axes, params):
+        x, ticks, labels, log = axis_values(trials[p])
+        has = np.isfinite(x)
+        m = has & g["completed"] & ok
+        sc = ax.scatter(x[m], y[m], s=14, c=y[m], cmap="viridis", vmin=ylo, vmax=yhi,
+                        lw=0, label="completed")
+        m = has & g["stopped"] & ok
+        ax.scatter(x[m], y[m], s=16, facecolors="none", edgecolors="0.45", lw=0.8,
+                   label="stopped (ASHA)")
+        m = has & g["diverged"]
+        ax.plot(x[m], np.full(m.sum(), 0.97), "x", color="red", ms=5, mew=1.2,
+                transform=ax.get_xaxis_transform(), label="diverged / failed")
+        if log:
+            ax.set_xscale("log")
+            from matplotlib.ticker import NullLocator
+
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(ticks, labels, fontsize=7)
+        if yhi > ylo:
+            pad = 0.08 * (yhi - ylo)
+            ax.set_ylim(ylo - pad, yhi + 2 * pad)
+        ax.set(xlabel=p, ylabel=label)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(params):]:
+        ax.set_axis_off()
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=7)
+    fig.colorbar(sc, ax=list(axes[: len(params)]), shrink=0.8, label=label)
+    fig.suptitle(f"{label} vs each searched parameter ({len(trials)} trials)", fontsize=9)
+    fig.savefig(path)
+    return None
+
+
+def fig_parallel(trials: pd.DataFrame, path: Path, label: str = "objective") -> str | None:
+    """Parallel coordinates: an axis per searched param and one for the objective; a trial is
+    a polyline coloured by its objective (diverged: red, dashed; stopped: grey)."""
+    from matplotlib.collections import LineCollection
+
+    params = searched_params(trials)
+    if not params:
+        return "parallel coordinates: no searched parameter varies"
+    y = rank_value(trials).to_numpy(dtype=float)
+    g = _groups(trials)
+    ok = np.isfinite(y) & ~g["diverged"]
+    cols, names, ends = [], [], []
+    for p in params:
+        x, ticks, labels, log = axis_values(trials[p])
+        f = (lambda v: np.log10(v)) if log else (lambda v: v)
+        lo, hi = f(np.nanmin(x)), f(np.nanmax(x))
+        inside = [(t, lab) for t, lab in zip(ticks, labels) if lo - 1e-9 <= f(t) <= hi + 1e-9]
+        ends.append((inside[0][1], inside[-1][1]) if inside else ("", ""))
+        span = hi - lo if hi > lo else 1.0
+        cols.append((f(x) - lo) / span)  # NaN where the param is absent: the line breaks
+        names.append(p.split(".")[-1] if len(p) > 14 else p)
+    ylo, yhi = (np.nanmin(y[ok]), np.nanquantile(y[ok], 0.98)) if ok.any() else (0.0, 1.0)
+    yspan = yhi - ylo if yhi > ylo else 1.0
+    cols.append(np.where(ok, np.clip((y - ylo) / yspan, 0, 1), 1.05))
+    names.append(label)
+    ends.append((f"{ylo:.3g}", f"{yhi:.3g}"))
+    mat = np.vstack(cols).T  # trials x axes
+    xs = np.arange(mat.shape[1], dtype=float)
+    fig = _figure(max(6.0, 1.6 * len(names)), 4.6)
+    ax = fig.subplots()
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis_r"]
+    for key, color, style, alpha in (("diverged", "red", "--", 0.35), ("stopped", "0.6", "-",
+                                      0.35), ("completed", None, "-", 0.6)):
+        idx = np.flatnonzero(g[key])
+        if key == "completed":  # the best on top
+            idx = idx[np.argsort(-np.nan_to_num(y[idx], nan=np.inf))]
+        segs = [np.column_stack([xs, mat[i]]) for i in idx]
+        if not segs:
+            continue
+        colors = [cmap(float(np.clip((y[i] - ylo) / yspan, 0, 1))) if color is None else color
+                  for i in idx]
+        ax.add_collection(LineCollection(segs, colors=colors, linestyles=style, lw=0.8,
+                                         alpha=alpha, label=f"{key} ({len(idx)})"))
+    for x, (bottom, top) in zip(xs, ends):  # each axis: its lowest and highest value
+        ax.axvline(x, color="0.2", lw=0.8)
+        ax.text(x, -0.04, bottom, ha="center", va="top", fontsize=6)
+        ax.text(x, 1.015, top, ha="center", va="bottom", fontsize=6)
+    ax.set_xlim(-0.2, xs[-1] + 0.2)
+    ax.set_ylim(-0.1, 1.1)
+    ax.set_xticks(xs, names, fontsize=8)
+    ax.set_yticks([])
+    ax.legend(fontsize=7, loc="lower left", framealpha=0.8)
+    ax.set_title(f"parallel coordinates, {len(trials)} trials: colour = {label} (darker = "
+                 "lower), diverged above its axis", fontsize=8)
+    fig.savefig(path)
+    return None
