@@ -287,10 +287,12 @@ def test_report_metric_uses_eval_values(sweep, capsys):
     assert got["optim.lr=0.001"] == pytest.approx(by_trial[DONE[0]])
     assert got["optim.lr=0.003"] == pytest.approx(by_trial[DONE[1]])
     assert math.isnan(got["optim.lr=500.0"])  # diverged: not evaluated
-    base = arms[arms.arm == "optim.lr=0.001"]
-    assert bool(base.baseline.iloc[0])
-    diff = arms[arms.arm == "optim.lr=0.003"]["diff_mean"].iloc[0]
-    assert diff == pytest.approx(by_trial[DONE[1]] - by_trial[DONE[0]])
+    # the baseline is the best completed arm (never the diverged one); diffs are against it
+    ids = {"optim.lr=0.001": DONE[0], "optim.lr=0.003": DONE[1]}
+    (base,) = arms[arms.baseline.astype(bool)].arm
+    (other,) = set(ids) - {base}
+    diff = arms[arms.arm == other]["diff_mean"].iloc[0]
+    assert diff == pytest.approx(by_trial[ids[other]] - by_trial[ids[base]])
     default = arm_table(data)  # unchanged default: final val loss of the trial records
     assert dict(zip(default.arm, default.metric_mean))["optim.lr=0.003"] == pytest.approx(2.40)
     with pytest.raises(ReportError, match=r"\(eval metrics: .*eval/shakespeare-val/loss"):
