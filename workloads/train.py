@@ -142,6 +142,9 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
         monitor: StepMonitor | None = None, checkpoint_dir: str | None = None,
         resume: bool = False) -> RunResult:
     """Train ``cfg``. Returns the final numbers; everything else goes through ``report``."""
+    # Longer than our ~60-line rule on purpose: like nanoGPT's train.py, the loop reads top to
+    # bottom in `# ---` sections (set-up, resume, train, report) that share a dozen locals (model,
+    # optimizers, data position, RNG, monitor state); the set-up and eval pieces are helpers above.
     validate(cfg)
     t, o = cfg.train, cfg.optim
     distributed = dist.is_available() and dist.is_initialized()

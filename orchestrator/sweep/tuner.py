@@ -45,6 +45,9 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     one more experiment that adds seeds or samples to a finished sweep (orchestrator/sweep/
     experiments.py); implies ``resume``.
     """
+    # One sweep's phases in order (plan, lock, MLflow store beside Ray's start, Tune, records,
+    # parent run); each phase is a helper below, and what is left is their order and the error
+    # paths that must close the parent run: longer than ~60 lines for that reason.
     from cluster.local import connect
     from orchestrator.store.lock import lock_sweep, unlock_sweep
     from orchestrator.store.manifest import write_manifest
