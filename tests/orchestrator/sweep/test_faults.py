@@ -121,7 +121,8 @@ def _metric_steps(db: Path, run_id: str, key: str) -> list[int]:
 
 # --- 1. a Train worker killed mid-trial ----------------------------------------------------
 
-KILL_STEPS, KILL_EVAL, KILL_CKPT = 400, 10, 40
+# long enough that the actor lookup (a fresh process asking Ray) lands mid-trial under load
+KILL_STEPS, KILL_EVAL, KILL_CKPT = 600, 10, 60
 
 KILL_SPEC = f"""
 name: workerkill
@@ -165,8 +166,14 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, executor, actor):
                 return step if step >= 2 * KILL_CKPT and step % KILL_CKPT else None
 
             killed_at = _wait(ready, 300, proc, log, "first reports")
-            pids = _alive_actor_pids(head.gcs_address, actor, _env(**ray_env))
+            # Ray's state API can lag behind a busy machine: ask again until the actor is listed
+            pids = _wait(lambda: _alive_actor_pids(head.gcs_address, actor, _env(**ray_env)),
+                         120, proc, log, f"a live {actor} actor")
             assert len(pids) == 1, pids
+            # the kill must land before the end, or nothing restarts (the window is wide: see
+            # KILL_STEPS); a run this late would prove nothing, so it fails loudly
+            late = max(_curve_last_steps(parquet, "workerkill").values(), default=0)
+            assert late < KILL_STEPS - KILL_CKPT, f"too late to kill at step {late}"
             os.kill(pids[0], signal.SIGKILL)
             proc.wait(400)
         finally:
