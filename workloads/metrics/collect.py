@@ -56,6 +56,17 @@ __all__ = ["MetricsCollector", "RESIDUAL_SIDES", "STACKED_ROLES"]
 _SOURCES = ("w", "dw", "cg")
 
 
+def _baselines(n_pairs: int, ks: list[int], m: int, n: int) -> list[tuple[str, Tensor]]:
+    """Random baselines of the pair rows: base.top1_{v|u} and base.sub{k}_{v|u}."""
+    one = torch.ones(n_pairs)
+    rows = [("base.top1_v", one * C.random_baseline_top1(n)),
+            ("base.top1_u", one * C.random_baseline_top1(m))]
+    for k in ks:
+        rows.append((f"base.sub{k}_v", one * C.random_baseline_subspace(k, n)))
+        rows.append((f"base.sub{k}_u", one * C.random_baseline_subspace(k, m)))
+    return rows
+
+
 class MetricsCollector:
     """Continuity and instability metrics of one model; see the module docstring for names."""
 
@@ -219,25 +230,30 @@ class MetricsCollector:
                 if src != "w":
                     pair(f"{src}.coh", C.cosine_frobenius(X[a], X[b]))
             if src == "w":
-                top = {"v": V[..., 0], "u": U[..., 0]}  # (L, dim)
-                out.extend(P.vector_rows("w", g.label, g.layers,
-                                         {k: y[None] for k, y in top.items()}, adjacent=False))
-                self._self_alignment(g, top, out)
-                self._sigma[g.label] = S[:, 0]
-                layer("w.sigma_max", S[:, 0])
-                layer("w.s1_s2", S[:, 0] / S[:, 1].clamp_min(1e-30))
-                layer("w.fro", W.norm(dim=(-2, -1)))
-                layer("w.sigma_growth", S[:, 0] / self.sigma0[g.label])
-                layer("w.rel_change_fro", C.relative_change(W, self.W0[g.label], False)[0])
+                self._weight_rows(g, W, U, S, V, out)
             if src == "dw":
                 layer("w.rel_change_spec", S[:, 0] / self.sigma0[g.label])
-        one = torch.ones(len(pairs))
-        pair("base.top1_v", one * C.random_baseline_top1(n))
-        pair("base.top1_u", one * C.random_baseline_top1(m))
-        for k in ks:
-            pair(f"base.sub{k}_v", one * C.random_baseline_subspace(k, n))
-            pair(f"base.sub{k}_u", one * C.random_baseline_subspace(k, m))
+        if pairs:
+            out.extend((name, g.label, lay, True, v)
+                       for name, v in _baselines(len(pairs), ks, m, n))
         self._coherence_rows(self.coh_last, self.coh_sum, out, only=g)
+
+    def _weight_rows(self, g: _Group, W: Tensor, U: Tensor, S: Tensor, V: Tensor,
+                     out: list) -> None:
+        """Per-layer rows of the weights' own SVD: top vectors, M7, sigma, s1/s2, norms, M6."""
+        def layer(name: str, values: Tensor) -> None:
+            out.append((name, g.label, list(g.layers), False, values))
+
+        top = {"v": V[..., 0], "u": U[..., 0]}  # (L, dim)
+        out.extend(P.vector_rows("w", g.label, g.layers,
+                                 {k: y[None] for k, y in top.items()}, adjacent=False))
+        self._self_alignment(g, top, out)
+        self._sigma[g.label] = S[:, 0]
+        layer("w.sigma_max", S[:, 0])
+        layer("w.s1_s2", S[:, 0] / S[:, 1].clamp_min(1e-30))
+        layer("w.fro", W.norm(dim=(-2, -1)))
+        layer("w.sigma_growth", S[:, 0] / self.sigma0[g.label])
+        layer("w.rel_change_fro", C.relative_change(W, self.W0[g.label], False)[0])
 
     def _self_alignment(self, g: _Group, top: dict[str, Tensor], out: list) -> None:
         """M7 against the previous collect (w.self_*) and against init (w.self0_*)."""
