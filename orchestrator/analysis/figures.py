@@ -136,9 +136,63 @@ def _fig_loss_curves(data: SweepData, cfg: ReportConfig, arms, labels, colors, p
     return None
 
 
+def _draw_p_series(ax, g: pd.DataFrame, x_of, color, name: str, i: int, conf: float) -> None:
+    """One series of the val-loss-vs-p figure (``i``-th): completed points, their mean and CI
+    per p, ASHA-stopped trials (@step) and diverged ones (x marks stacked from the top)."""
+    done = g[g["status"] == "completed"]
+    ax.scatter(x_of(done["_p"].to_numpy()), done["final_val_loss"], s=10, alpha=0.35,
+               color=color, lw=0)
+    stats = [(p, *t_interval(d["final_val_loss"], conf))
+             for p, d in done.groupby("_p")]
+    if stats:
+        p, m, lo, hi = map(np.array, zip(*stats))
+        err = np.nan_to_num(np.vstack([m - lo, hi - m]))  # n = 1: no bar
+        fin = np.isfinite(p)  # no line across the break to p = inf
+        for part, label in ((fin, name), (~fin, None)):
+            if part.any():
+                ax.errorbar(x_of(p[part]), m[part], yerr=err[:, part], color=color,
+                            marker="o", ms=4, capsize=3, lw=1.2, label=label)
+    stopped = g[g["status"] == "stopped"]  # ASHA-stopped: last val loss, step reached
+    if len(stopped):
+        ax.scatter(x_of(stopped["_p"].to_numpy()), stopped["final_val_loss"], s=28,
+                   facecolors="none", edgecolors=color, lw=1.0,
+                   label=f"stopped early ({name})" if name else "stopped early (ASHA)")
+        if "last_step" in stopped.columns and len(stopped) <= 40:
+            for x, y, st in zip(x_of(stopped["_p"].to_numpy()), stopped["final_val_loss"],
+                                stopped["last_step"]):
+                if np.isfinite(y) and pd.notna(st):
+                    ax.annotate(f"@{int(st)}", (x, y), xytext=(3, 3), fontsize=6,
+                                textcoords="offset points", color=color)
+    div = g[g["status"] == "diverged"]
+    if len(div):
+        ax.plot(x_of(div["_p"].to_numpy()), np.full(len(div), 0.96 - 0.03 * i), "x",
+                color=color, ms=7, mew=2, transform=ax.get_xaxis_transform(),
+                label=f"diverged ({name})" if name else "diverged")
+
+
+def _p_axis(ax, finite: np.ndarray, lo_p: float, hi_p: float, x_inf: float,
+            has_inf: bool) -> None:
+    """The log p axis: ticks at the finite p (or powers of 2), and p = inf at ``x_inf`` behind
+    an explicit axis break."""
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_locator(NullLocator())
+    ticks = list(finite) if len(finite) <= 10 else [
+        2.0 ** k for k in range(math.floor(math.log2(lo_p)), math.ceil(math.log2(hi_p)) + 1)]
+    # every p inside the axes (p = inf was drawn half-clipped at the edge: issue 17 §4)
+    ax.set_xlim(lo_p / 1.6, (x_inf if has_inf else hi_p) * 1.6)
+    if has_inf:  # an explicit axis break between the finite p and p = inf
+        x_break = math.sqrt(hi_p * x_inf)
+        ax.axvline(x_break, color="0.6", ls=":", lw=1)
+        for y in (0.0, 1.0):
+            ax.text(x_break, y, "//", transform=ax.get_xaxis_transform(), ha="center",
+                    va="center", fontsize=11, backgroundcolor="white", clip_on=False)
+    ax.set_xticks(ticks + ([x_inf] if has_inf else []),
+                  [f"{v:g}" for v in ticks] + (["inf"] if has_inf else []))
+
+
 def _fig_val_vs_p(data: SweepData, cfg: ReportConfig, arms, colors, path) -> str | None:
-    # Over 60 lines on purpose: one figure's steps (points, arm means, the inf column, the
-    # axes) read top to bottom; split, each piece would need the whole figure state.
     t, col = data.trials, cfg.p_column
     if col not in t.columns:
         return f"validation loss vs p: no `{col}` column in the trials"
@@ -163,37 +217,8 @@ def _fig_val_vs_p(data: SweepData, cfg: ReportConfig, arms, colors, path) -> str
         family = next((v for k, v in kv.items() if k.endswith(".family")), "all")
         series.setdefault(names[a] or family, []).append(a)
     for i, (name, members) in enumerate(series.items()):
-        color = colors[members[0]]
-        g = with_p[with_p["arm"].isin(members)]
-        done = g[g["status"] == "completed"]
-        ax.scatter(x_of(done["_p"].to_numpy()), done["final_val_loss"], s=10, alpha=0.35,
-                   color=color, lw=0)
-        stats = [(p, *t_interval(d["final_val_loss"], cfg.conf))
-                 for p, d in done.groupby("_p")]
-        if stats:
-            p, m, lo, hi = map(np.array, zip(*stats))
-            err = np.nan_to_num(np.vstack([m - lo, hi - m]))  # n = 1: no bar
-            fin = np.isfinite(p)  # no line across the break to p = inf
-            for part, label in ((fin, name), (~fin, None)):
-                if part.any():
-                    ax.errorbar(x_of(p[part]), m[part], yerr=err[:, part], color=color,
-                                marker="o", ms=4, capsize=3, lw=1.2, label=label)
-        stopped = g[g["status"] == "stopped"]  # ASHA-stopped: last val loss, step reached
-        if len(stopped):
-            ax.scatter(x_of(stopped["_p"].to_numpy()), stopped["final_val_loss"], s=28,
-                       facecolors="none", edgecolors=color, lw=1.0,
-                       label=f"stopped early ({name})" if name else "stopped early (ASHA)")
-            if "last_step" in stopped.columns and len(stopped) <= 40:
-                for x, y, st in zip(x_of(stopped["_p"].to_numpy()), stopped["final_val_loss"],
-                                    stopped["last_step"]):
-                    if np.isfinite(y) and pd.notna(st):
-                        ax.annotate(f"@{int(st)}", (x, y), xytext=(3, 3), fontsize=6,
-                                    textcoords="offset points", color=color)
-        div = g[g["status"] == "diverged"]
-        if len(div):
-            ax.plot(x_of(div["_p"].to_numpy()), np.full(len(div), 0.96 - 0.03 * i), "x",
-                    color=color, ms=7, mew=2, transform=ax.get_xaxis_transform(),
-                    label=f"diverged ({name})" if name else "diverged")
+        _draw_p_series(ax, with_p[with_p["arm"].isin(members)], x_of, colors[members[0]], name,
+                       i, cfg.conf)
     for a in arms:  # families without p: the reference level with its CI
         if a in p_arms:
             continue
@@ -203,23 +228,8 @@ def _fig_val_vs_p(data: SweepData, cfg: ReportConfig, arms, colors, path) -> str
             ax.axhline(m, color=colors[a], ls="--", lw=1, label=short_labels(arms)[a])
             if not math.isnan(lo):
                 ax.axhspan(lo, hi, color=colors[a], alpha=0.12, lw=0)
-    from matplotlib.ticker import NullLocator
-
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_locator(NullLocator())
-    ticks = list(finite) if len(finite) <= 10 else [
-        2.0 ** k for k in range(math.floor(math.log2(lo_p)), math.ceil(math.log2(hi_p)) + 1)]
     has_inf = bool(np.isinf(with_p["_p"]).any())
-    # every p inside the axes (p = inf was drawn half-clipped at the edge: issue 17 §4)
-    ax.set_xlim(lo_p / 1.6, (x_inf if has_inf else hi_p) * 1.6)
-    if has_inf:  # an explicit axis break between the finite p and p = inf
-        x_break = math.sqrt(hi_p * x_inf)
-        ax.axvline(x_break, color="0.6", ls=":", lw=1)
-        for y in (0.0, 1.0):
-            ax.text(x_break, y, "//", transform=ax.get_xaxis_transform(), ha="center",
-                    va="center", fontsize=11, backgroundcolor="white", clip_on=False)
-    ax.set_xticks(ticks + ([x_inf] if has_inf else []),
-                  [f"{v:g}" for v in ticks] + (["inf"] if has_inf else []))
+    _p_axis(ax, finite, lo_p, hi_p, x_inf, has_inf)
     ax.set(xlabel=f"p ({col})", ylabel="final validation loss",
            title=f"val loss vs p: mean, {cfg.conf:.0%} CI; o = stopped early (@step), "
                  "x = diverged")

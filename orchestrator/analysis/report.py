@@ -14,6 +14,7 @@ report rather than an error. Figures use matplotlib's Agg canvas (no pyplot stat
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.analysis.figures import _module_order, draw_figures, short_labels
 from orchestrator.analysis.frontier import write_frontier
@@ -30,6 +31,9 @@ from orchestrator.analysis.load import (
 )
 from orchestrator.analysis.tables import _arms_md, _ci, _md_table, arm_table, metric_table
 from orchestrator.analysis.verdicts import write_verdicts
+
+if TYPE_CHECKING:  # annotations only: pandas is not imported here at run time
+    import pandas as pd
 
 __all__ = ["ReportConfig", "ReportError", "SweepData", "load_sweep", "arm_order",
            "resolve_baseline", "with_metric", "arm_table", "metric_table", "draw_figures",
@@ -60,14 +64,7 @@ def write_report(root: str | Path, baseline: str | None = None,
     for old in out.glob("*.png"):  # figures of an earlier report that may not apply any more
         old.unlink()
     base = str(arms.loc[arms["baseline"], "arm"].iloc[0])
-    spikes = trial_spikes(data, cfg)
-    trials = data.trials.assign(spikes=data.trials["trial"].map(spikes))
-    lead = [c for c in dict.fromkeys(("trial", "arm", "seed", "status", "final_val_loss",
-                                      cfg.metric, "best_val_loss", "final_train_loss",
-                                      "last_step", "divergence_reason", "divergence_step",
-                                      "spikes"))
-            if c in trials.columns]
-    trials = trials[lead + [c for c in trials.columns if c not in lead]]
+    trials, lead = _trial_table(data, cfg)
     arms.to_csv(out / "arms.csv", index=False)
     trials.to_csv(out / "trials.csv", index=False)
     patterns = cfg.heatmap_metrics + tuple(p for ms, _ in cfg.growth.values() for p in ms)
@@ -79,22 +76,7 @@ def write_report(root: str | Path, baseline: str | None = None,
 
     search_md, search_skipped = search_section(trials, data.root, data.name, out, _md_table)
     skipped += search_skipped
-    counts = data.trials["status"].value_counts().to_dict()
-    lines = [
-        f"# Sweep report: {data.name}", "",
-        f"Parquet dataset `{data.parquet_root}`; {len(data.trials)} trials ("
-        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"); baseline arm `{base}` ("
-        + ("named by the spec" if named is not None and baseline is None else
-           "given" if baseline else "never a diverged arm: analysis/baseline.py") + ").",
-        "", "## Arms", "", _md_table(_arms_md(arms)),
-        f"Losses: mean [{cfg.conf:.0%} t-interval] over completed seeds. Diff: arm - baseline "
-        + ("final val loss" if cfg.metric == "final_val_loss" else f"`{cfg.metric}`")
-        + ", paired by seed (paired t-test; Holm-adjusted over "
-        f"{int(arms['p_value'].notna().sum())} arms in parentheses). Divergence rate: diverged /"
-        f" (completed + diverged), Wilson {cfg.conf:.0%} interval. Spikes: episodes with train "
-        f"loss > {cfg.spike_factor}x its running minimum (and > min + {cfg.spike_min_delta}).",
-        "", "Full table: [arms.csv](arms.csv); per trial: [trials.csv](trials.csv).", "",
-    ] + search_md + ["## Figures", ""]
+    lines = _intro_lines(data, cfg, arms, base, named, baseline) + search_md + ["## Figures", ""]
     for title, fname in made:
         lines += [f"### {title}", "", f"![{title}]({fname})", ""]
     lines += _metrics_md(data, cfg, mtab)
@@ -109,6 +91,39 @@ def write_report(root: str | Path, baseline: str | None = None,
         note = log_report(data.manifest.get("mlflow_uri"), data.name, out)
         md.write_text("\n".join(lines + ["## MLflow", "", f"- {note}", ""]))
     return md
+
+
+def _trial_table(data: SweepData, cfg: ReportConfig) -> tuple[pd.DataFrame, list[str]]:
+    """The trials with their spike counts, the leading columns first; and those columns."""
+    spikes = trial_spikes(data, cfg)
+    trials = data.trials.assign(spikes=data.trials["trial"].map(spikes))
+    lead = [c for c in dict.fromkeys(("trial", "arm", "seed", "status", "final_val_loss",
+                                      cfg.metric, "best_val_loss", "final_train_loss",
+                                      "last_step", "divergence_reason", "divergence_step",
+                                      "spikes"))
+            if c in trials.columns]
+    return trials[lead + [c for c in trials.columns if c not in lead]], lead
+
+
+def _intro_lines(data: SweepData, cfg: ReportConfig, arms: pd.DataFrame, base: str, named,
+                 baseline: str | None) -> list[str]:
+    """The report's title, dataset line and arms table with how to read it."""
+    counts = data.trials["status"].value_counts().to_dict()
+    return [
+        f"# Sweep report: {data.name}", "",
+        f"Parquet dataset `{data.parquet_root}`; {len(data.trials)} trials ("
+        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"); baseline arm `{base}` ("
+        + ("named by the spec" if named is not None and baseline is None else
+           "given" if baseline else "never a diverged arm: analysis/baseline.py") + ").",
+        "", "## Arms", "", _md_table(_arms_md(arms)),
+        f"Losses: mean [{cfg.conf:.0%} t-interval] over completed seeds. Diff: arm - baseline "
+        + ("final val loss" if cfg.metric == "final_val_loss" else f"`{cfg.metric}`")
+        + ", paired by seed (paired t-test; Holm-adjusted over "
+        f"{int(arms['p_value'].notna().sum())} arms in parentheses). Divergence rate: diverged /"
+        f" (completed + diverged), Wilson {cfg.conf:.0%} interval. Spikes: episodes with train "
+        f"loss > {cfg.spike_factor}x its running minimum (and > min + {cfg.spike_min_delta}).",
+        "", "Full table: [arms.csv](arms.csv); per trial: [trials.csv](trials.csv).", "",
+    ]
 
 
 def _named_baseline(root: Path):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from orchestrator.cli.checks import check_corpora
 from orchestrator.cli.errors import UsageError
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _train_config(args: argparse.Namespace) -> Any:
+    """The preset with the --set overrides, validated; a bad one is a UsageError."""
     from workloads.config import ConfigError, apply_overrides, parse_value, preset
     from workloads.validate import validate
 
@@ -30,6 +32,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = validate(apply_overrides(cfg, overrides))
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    return cfg
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _train_config(args)
     check_corpora([cfg.data.corpus], "")
     if args.out:
         from orchestrator.cli.preflight import check_writable_dir

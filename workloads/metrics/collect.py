@@ -39,7 +39,6 @@ Row names (``metric``); pair rows have ``next_layer = layer + 1``, per-layer row
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,63 +47,24 @@ from torch import Tensor, nn
 from workloads.metrics import continuity as C
 from workloads.metrics import instability as I
 from workloads.metrics import probe as P
+from workloads.metrics.collect_groups import STACKED_ROLES, _build_groups, _Group
+from workloads.metrics.collect_inst import instability_rows
 from workloads.metrics.summary import RESIDUAL_SIDES, summarize
 
 __all__ = ["MetricsCollector", "RESIDUAL_SIDES", "STACKED_ROLES"]
 
-STACKED_ROLES = frozenset(RESIDUAL_SIDES) | {"qkv"}
 _SOURCES = ("w", "dw", "cg")
 
 
-class _ProbeDone(Exception):
-    pass
-
-
-@dataclass
-class _Group:
-    """One role stacked over layers; ``rows`` slices a fused parameter (qkv)."""
-
-    label: str
-    layers: list[int]
-    params: list[nn.Parameter]
-    rows: slice | None = None
-
-    def weights(self) -> Tensor:  # (L, m, n) fp32
-        return torch.stack([C.as_float(self._cut(p.detach())) for p in self.params])
-
-    def grads(self) -> list[Tensor] | None:
-        if any(p.grad is None for p in self.params):
-            return None
-        return [self._cut(p.grad) for p in self.params]
-
-    def _cut(self, t: Tensor) -> Tensor:
-        return t if self.rows is None else t[self.rows]
-
-    def pairs(self) -> list[int]:
-        """Indices i with layers[i + 1] == layers[i] + 1 (adjacent layers)."""
-        return [i for i in range(len(self.layers) - 1) if self.layers[i + 1] == self.layers[i] + 1]
-
-
-def _build_groups(roles: list) -> list[_Group]:
-    by_key: dict[tuple[str, str], list] = {}
-    for mr in roles:
-        if mr.role in STACKED_ROLES and mr.param.dim() == 2:
-            by_key.setdefault((mr.role, mr.kind), []).append(mr)
-    role_count: dict[str, int] = {}
-    for role, _ in by_key:
-        role_count[role] = role_count.get(role, 0) + 1
-    groups = []
-    for (role, kind), mrs in by_key.items():
-        mrs = sorted(mrs, key=lambda mr: mr.layer)
-        layers, params = [mr.layer for mr in mrs], [mr.param for mr in mrs]
-        if role == "qkv":
-            d = params[0].shape[0] // 3
-            for j, r in enumerate("qkv"):
-                groups.append(_Group(r, layers, params, slice(j * d, (j + 1) * d)))
-        else:
-            label = role if role_count[role] == 1 else f"{kind}_{role}"
-            groups.append(_Group(label, layers, params))
-    return groups
+def _baselines(n_pairs: int, ks: list[int], m: int, n: int) -> list[tuple[str, Tensor]]:
+    """Random baselines of the pair rows: base.top1_{v|u} and base.sub{k}_{v|u}."""
+    one = torch.ones(n_pairs)
+    rows = [("base.top1_v", one * C.random_baseline_top1(n)),
+            ("base.top1_u", one * C.random_baseline_top1(m))]
+    for k in ks:
+        rows.append((f"base.sub{k}_v", one * C.random_baseline_subspace(k, n)))
+        rows.append((f"base.sub{k}_u", one * C.random_baseline_subspace(k, m)))
+    return rows
 
 
 class MetricsCollector:
@@ -270,25 +230,30 @@ class MetricsCollector:
                 if src != "w":
                     pair(f"{src}.coh", C.cosine_frobenius(X[a], X[b]))
             if src == "w":
-                top = {"v": V[..., 0], "u": U[..., 0]}  # (L, dim)
-                out.extend(P.vector_rows("w", g.label, g.layers,
-                                         {k: y[None] for k, y in top.items()}, adjacent=False))
-                self._self_alignment(g, top, out)
-                self._sigma[g.label] = S[:, 0]
-                layer("w.sigma_max", S[:, 0])
-                layer("w.s1_s2", S[:, 0] / S[:, 1].clamp_min(1e-30))
-                layer("w.fro", W.norm(dim=(-2, -1)))
-                layer("w.sigma_growth", S[:, 0] / self.sigma0[g.label])
-                layer("w.rel_change_fro", C.relative_change(W, self.W0[g.label], False)[0])
+                self._weight_rows(g, W, U, S, V, out)
             if src == "dw":
                 layer("w.rel_change_spec", S[:, 0] / self.sigma0[g.label])
-        one = torch.ones(len(pairs))
-        pair("base.top1_v", one * C.random_baseline_top1(n))
-        pair("base.top1_u", one * C.random_baseline_top1(m))
-        for k in ks:
-            pair(f"base.sub{k}_v", one * C.random_baseline_subspace(k, n))
-            pair(f"base.sub{k}_u", one * C.random_baseline_subspace(k, m))
+        if pairs:
+            out.extend((name, g.label, lay, True, v)
+                       for name, v in _baselines(len(pairs), ks, m, n))
         self._coherence_rows(self.coh_last, self.coh_sum, out, only=g)
+
+    def _weight_rows(self, g: _Group, W: Tensor, U: Tensor, S: Tensor, V: Tensor,
+                     out: list) -> None:
+        """Per-layer rows of the weights' own SVD: top vectors, M7, sigma, s1/s2, norms, M6."""
+        def layer(name: str, values: Tensor) -> None:
+            out.append((name, g.label, list(g.layers), False, values))
+
+        top = {"v": V[..., 0], "u": U[..., 0]}  # (L, dim)
+        out.extend(P.vector_rows("w", g.label, g.layers,
+                                 {k: y[None] for k, y in top.items()}, adjacent=False))
+        self._self_alignment(g, top, out)
+        self._sigma[g.label] = S[:, 0]
+        layer("w.sigma_max", S[:, 0])
+        layer("w.s1_s2", S[:, 0] / S[:, 1].clamp_min(1e-30))
+        layer("w.fro", W.norm(dim=(-2, -1)))
+        layer("w.sigma_growth", S[:, 0] / self.sigma0[g.label])
+        layer("w.rel_change_fro", C.relative_change(W, self.W0[g.label], False)[0])
 
     def _self_alignment(self, g: _Group, top: dict[str, Tensor], out: list) -> None:
         """M7 against the previous collect (w.self_*) and against init (w.self0_*)."""
@@ -373,78 +338,11 @@ class MetricsCollector:
                              "value": float(v)})
         return rows
 
-    # --- instability (SCIENCE 3.5) -------------------------------------------------------
-
-    def _attn_modules(self) -> list[nn.Module]:
-        blocks = getattr(self.model, "blocks", None)
-        if blocks is None:
-            return []
-        return [b.attn for b in blocks if hasattr(getattr(b, "attn", None), "scores")]
-
-    def _probe_inputs(self, attns: list[nn.Module]) -> list[Tensor]:
-        """Each attention module's branch input x (B, T, C) on the probe batch (one forward)."""
-        captured: dict[int, Tensor] = {}
-
-        def hook(i: int):
-            def fn(_mod, args, kwargs):
-                captured.setdefault(i, args[0] if args else kwargs["x"])
-            return fn
-
-        def stop(_mod, _args, _kwargs):
-            raise _ProbeDone  # every input captured: skip the rest of the forward (lm_head)
-
-        handles = [a.register_forward_pre_hook(hook(i), with_kwargs=True)
-                   for i, a in enumerate(attns)]
-        handles.append(attns[-1].register_forward_pre_hook(stop, with_kwargs=True))
-        was_training = self.model.training
-        try:
-            self.model.eval()
-            self.model(self.probe)
-        except _ProbeDone:
-            pass
-        finally:
-            self.model.train(was_training)
-            for h in handles:
-                h.remove()
-        return [captured[i] for i in range(len(attns))]
+    # --- instability (SCIENCE 3.5): the rows come from workloads/metrics/collect_inst.py ---
 
     def _instability(self, step: int) -> tuple[list[dict], dict[str, float]]:
-        out: list = []
-        scalars: dict[str, float] = {}
-        for mr in self.roles:  # constraint health of every managed matrix, as stored
-            if mr.role in STACKED_ROLES and mr.param.dim() == 2:
-                W = mr.param.detach()
-                for name, fn in (("stiefel_viol", I.stiefel_violation),
-                                 ("dgram_viol", I.dgram_violation),
-                                 ("colnorm_spread", I.column_norm_spread)):
-                    out.append((f"inst.{name}", mr.role, [mr.layer], False, fn(W).reshape(1)))
-        attns = self._attn_modules()
-        groups = {g.label: g for g in self.groups}
-        if attns and "q" in groups and "k" in groups:
-            Wq, Wk = groups["q"].weights(), groups["k"].weights()
-            n_head = int(getattr(attns[0], "n_head", 0) or 0)
-            lay = groups["q"].layers
-            for r in "qkv":  # from this collect's top singular values (exact or cheap path)
-                if r in self._sigma:
-                    scalars[f"inst/sigma_max_{r}"] = float(self._sigma[r].max())
-            if n_head:
-                kappa = I.head_logit_bound(Wq, Wk, n_head).amax(-1)
-                out.append(("inst.kappa_max", "attn", lay, False, kappa))
-                out.append(("inst.kappa_rope_max", "attn", lay, False,
-                            I.head_logit_bound_rope(Wq, Wk, n_head).amax(-1)))
-                scalars["inst/kappa_max"] = float(kappa.max())
-        if attns and self.probe is not None:
-            xs = self._probe_inputs(attns)
-            stats = [I.attention_stats(a.scores(x)) for a, x in zip(attns, xs)]
-            layers = list(range(len(attns)))
-            for key, name in (("max_abs", "max_logit"), ("rms", "logit_rms"),
-                              ("row_range", "row_range"), ("sat_0p9", "sat_0p9"),
-                              ("sat_0p99", "sat_0p99"), ("entropy_mean", "entropy_mean"),
-                              ("entropy_min", "entropy_min"), ("jacobian_fro", "jacobian_fro")):
-                vals = torch.stack([s[key] for s in stats])
-                out.append((f"inst.{name}", "attn", layers, False, vals))
-                agg = vals.min() if name.startswith("entropy") else vals.max()
-                scalars[f"inst/{name}"] = float(agg)
+        out, scalars = instability_rows(self.model, self.roles, self.groups, self._sigma,
+                                        self.probe)
         return self._rows(step, out), scalars
 
     # --- checkpointing -------------------------------------------------------------------

@@ -177,42 +177,72 @@ def _retract(W: torch.Tensor, constraint: str, dgram_retraction: str, exact: boo
     return T.mT if transposed else T
 
 
+def _managed_groups(model: nn.Module, named: dict[str, nn.Parameter], cfg: OptimConfig,
+                    ) -> tuple[dict[str, ManagedMatrix], list[dict[str, Any]]]:
+    """Muon's matrices (validated manifold settings): their ManagedMatrix records and param
+    groups, one group per constraint in MANIFOLDS order."""
+    mu, mf = cfg.muon, cfg.manifold
+    managed: dict[str, ManagedMatrix] = {}
+    muon_groups: list[dict[str, Any]] = []
+    if mf.dual_steps < 1:
+        raise ConfigError(f"optim.manifold.dual_steps: must be >= 1, got {mf.dual_steps!r}")
+    if mf.dual_method not in DUAL_METHODS:
+        raise ConfigError(f"optim.manifold.dual_method: {mf.dual_method!r} is not one of "
+                          f"{', '.join(DUAL_METHODS)}")
+    if not mf.dual_tol >= 0 or not mf.dual_smooth >= 0:
+        raise ConfigError("optim.manifold.dual_tol / dual_smooth: must be >= 0, got "
+                          f"{mf.dual_tol!r} / {mf.dual_smooth!r}")
+    trainable_ids = {id(p) for p in named.values()}
+    roles = [r for r in model.matrix_roles()
+             if r.role in MUON_ROLES and id(r.param) in trainable_ids]
+    constraints = resolve_assignment(roles, mf.assignment)
+    for r in roles:
+        if r.param.ndim != 2:
+            raise ValueError(f"{r.name}: role {r.role!r} must be a 2-d matrix, "
+                             f"got shape {tuple(r.param.shape)}")
+        m, n = r.param.shape
+        managed[r.name] = ManagedMatrix(r.name, r.role, r.layer, matrix_kind(r),
+                                        constraints[r.name], (m, n), m < n)
+    for c in MANIFOLDS:
+        members = [r for r in roles if constraints[r.name] == c]
+        if members:
+            muon_groups.append({
+                "params": [r.param for r in members], "names": [r.name for r in members],
+                "constraint": c,
+                "weight_decay": 0.0 if MANIFOLDS[c].constrained else mu.weight_decay,
+            })
+    return managed, muon_groups
+
+
+def _initial_retraction(muon: Muon, cfg: OptimConfig) -> None:
+    """init_match / init_on_manifold: move Muon's matrices onto their start, in place."""
+    mu, mf = cfg.muon, cfg.manifold
+    # --- init_match: one semi-orthogonal start for every assignment (matched scales) --------
+    if mf.init_match:
+        with torch.no_grad():
+            for g in muon.param_groups:
+                for p in g["params"]:
+                    p.copy_(_retract(p.float(), "stiefel", mf.dgram_retraction,
+                                     mu.msign == "svd").to(p.dtype))
+    # --- init_on_manifold: start every constrained matrix on its manifold (Paper B) ----------
+    if mf.init_on_manifold:
+        with torch.no_grad():
+            for g in muon.param_groups:
+                if not MANIFOLDS[g["constraint"]].constrained:
+                    continue
+                for p in g["params"]:
+                    W = _retract(p.float(), g["constraint"], mf.dgram_retraction,
+                                 mu.msign == "svd")
+                    p.copy_(W.to(p.dtype))
+
+
 def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
     """AdamW (+ Muon over the hidden matrices when ``cfg.name == "muon"``) for ``model``."""
     if cfg.name not in ("adamw", "muon", "sgd"):
         raise ConfigError(f"optim.name: {cfg.name!r} is not one of adamw, muon, sgd")
     named = _trainable(model)
     mu, mf = cfg.muon, cfg.manifold
-    managed: dict[str, ManagedMatrix] = {}
-    muon_groups: list[dict[str, Any]] = []
-    if cfg.name == "muon":
-        if mf.dual_steps < 1:
-            raise ConfigError(f"optim.manifold.dual_steps: must be >= 1, got {mf.dual_steps!r}")
-        if mf.dual_method not in DUAL_METHODS:
-            raise ConfigError(f"optim.manifold.dual_method: {mf.dual_method!r} is not one of "
-                              f"{', '.join(DUAL_METHODS)}")
-        if not mf.dual_tol >= 0 or not mf.dual_smooth >= 0:
-            raise ConfigError("optim.manifold.dual_tol / dual_smooth: must be >= 0, got "
-                              f"{mf.dual_tol!r} / {mf.dual_smooth!r}")
-        trainable_ids = {id(p) for p in named.values()}
-        roles = [r for r in model.matrix_roles()
-                 if r.role in MUON_ROLES and id(r.param) in trainable_ids]
-        constraints = resolve_assignment(roles, mf.assignment)
-        for r in roles:
-            if r.param.ndim != 2:
-                raise ValueError(f"{r.name}: role {r.role!r} must be a 2-d matrix, "
-                                 f"got shape {tuple(r.param.shape)}")
-            m, n = r.param.shape
-            managed[r.name] = ManagedMatrix(r.name, r.role, r.layer, matrix_kind(r),
-                                            constraints[r.name], (m, n), m < n)
-        for c in MANIFOLDS:
-            members = [r for r in roles if constraints[r.name] == c]
-            if members:
-                muon_groups.append({
-                    "params": [r.param for r in members], "names": [r.name for r in members],
-                    "constraint": c,
-                    "weight_decay": 0.0 if MANIFOLDS[c].constrained else mu.weight_decay,
-                })
+    managed, muon_groups = _managed_groups(model, named, cfg) if cfg.name == "muon" else ({}, [])
     muon_ids = {id(p) for g in muon_groups for p in g["params"]}
     rest = [p for p in named.values() if id(p) not in muon_ids]
     adam_groups = [
@@ -245,21 +275,6 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
             dgram_retraction=mf.dgram_retraction, dual_method=mf.dual_method,
             dual_smooth=mf.dual_smooth,
         )
-    # --- init_match: one semi-orthogonal start for every assignment (matched scales) --------
-    if muon is not None and mf.init_match:
-        with torch.no_grad():
-            for g in muon.param_groups:
-                for p in g["params"]:
-                    p.copy_(_retract(p.float(), "stiefel", mf.dgram_retraction,
-                                     mu.msign == "svd").to(p.dtype))
-    # --- init_on_manifold: start every constrained matrix on its manifold (Paper B) ----------
-    if muon is not None and mf.init_on_manifold:
-        with torch.no_grad():
-            for g in muon.param_groups:
-                if not MANIFOLDS[g["constraint"]].constrained:
-                    continue
-                for p in g["params"]:
-                    W = _retract(p.float(), g["constraint"], mf.dgram_retraction,
-                                 mu.msign == "svd")
-                    p.copy_(W.to(p.dtype))
+    if muon is not None:
+        _initial_retraction(muon, cfg)
     return Optimizers(adamw, muon, cfg.lr, mu.lr, managed)
