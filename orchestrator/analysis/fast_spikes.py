@@ -12,13 +12,10 @@ analysis/test_fast_spikes.py compares them).
 
 from __future__ import annotations
 
-import math
-from collections import deque
-
 import numpy as np
 import pandas as pd
 
-from orchestrator.sweep.divergence import spike_bound
+from orchestrator.analysis.stats import spike_episodes
 
 __all__ = ["first_candidate", "fast_spike_count", "spike_counts"]
 
@@ -55,23 +52,9 @@ def fast_spike_count(v, factor: float, min_delta: float = 0.0, *, window: int = 
 
 def _count_from(before: np.ndarray, rest: np.ndarray, factor: float, min_delta: float,
                 window: int, z: float, min_history: int) -> int:
-    """spike_count's loop (same statements) with its window preloaded with ``before``."""
-    recent: deque[float] = deque(before.tolist(), maxlen=window)
-    count, inside = 0, False
-    for v in rest.tolist():
-        spiking = False
-        if len(recent) >= min_history:
-            if not math.isfinite(v):
-                spiking = True
-            else:
-                med = float(np.median(recent))
-                spiking = v > factor * med and v > spike_bound(recent, z, min_delta)
-        if spiking and not inside:
-            count += 1
-        inside = spiking
-        if math.isfinite(v) and not spiking:
-            recent.append(v)
-    return count
+    """spike_count's own loop, its window preloaded with ``before``."""
+    return spike_episodes(rest.tolist(), before.tolist(), factor, min_delta, window, z,
+                          min_history)
 
 
 def spike_counts(trial: np.ndarray, values: np.ndarray, factor: float,

@@ -148,14 +148,21 @@ def spike_count(losses: Iterable[float], factor: float, min_delta: float = 0.0, 
     the luckiest one seen (~300 "spikes" in a healthy MNIST trial, issue 17); a median over a
     window moves with the decreasing loss, and the MAD scales the bound to the batch noise.
     """
-    from orchestrator.sweep.divergence import spike_bound
-
     if factor <= 1.0:
         raise ValueError(f"spike_count: factor must be > 1, got {factor}")
     if window < 5 or min_history < 1:
         raise ValueError(f"spike_count: need window >= 5 and min_history >= 1, got {window}, "
                          f"{min_history}")
-    recent: deque[float] = deque(maxlen=window)
+    return spike_episodes(losses, (), factor, min_delta, window, z, min_history)
+
+
+def spike_episodes(losses: Iterable[float], before: Iterable[float], factor: float,
+                   min_delta: float, window: int, z: float, min_history: int) -> int:
+    """``spike_count``'s loop, its reference window preloaded with ``before`` (the finite
+    non-spiking losses that precede ``losses``; analysis/fast_spikes.py starts mid-curve)."""
+    from orchestrator.sweep.divergence import spike_bound
+
+    recent: deque[float] = deque((float(b) for b in before), maxlen=window)
     count, inside = 0, False
     for v in losses:
         v = float(v)
