@@ -26,6 +26,7 @@ __all__ = [
     "t_interval",
     "wilson_interval",
     "holm",
+    "pooled_sd",
     "paired_difference",
     "spike_count",
     "mde",
@@ -182,25 +183,36 @@ def spike_episodes(losses: Iterable[float], before: Iterable[float], factor: flo
 
 
 def mde(s: float, n: int, alpha: float = 0.05, power: float = 0.8,
-        df: float | None = None) -> float:
-    """Minimum detectable effect of a two-sided, two-sample t comparison, n seeds per arm.
+        df: float | None = None, nb: int | None = None) -> float:
+    """Minimum detectable effect of a two-sided, two-sample t comparison.
 
-    MDE = (t_{1-alpha/2, df} + t_{power, df}) * s * sqrt(2 / n), the smallest true difference
-    of means that a level-``alpha`` test detects with probability ``power`` when both arms have
-    standard deviation ``s`` (``s``: the pooled seed-to-seed standard deviation, or the SD of
-    the paired differences times 1/sqrt(2) for a paired design). ``df`` defaults to the pooled
-    two-sample 2n - 2. n < 2 (or df <= 0) -> inf: nothing can be detected without a spread.
+    MDE = (t_{1-alpha/2, df} + t_{power, df}) * s * sqrt(1/n + 1/nb), the smallest true
+    difference of means that a level-``alpha`` test detects with probability ``power`` when both
+    arms have standard deviation ``s`` (``s``: the pooled seed-to-seed standard deviation, see
+    ``pooled_sd``, or the SD of the paired differences times 1/sqrt(2) for a paired design).
+    ``n`` seeds in the first arm, ``nb`` in the second (default ``n``: equal arms, and the
+    factor is sqrt(2 / n)). ``df`` defaults to the pooled two-sample n + nb - 2. Fewer than 2
+    seeds on a side (or df <= 0) -> inf: nothing can be detected without a spread.
     A comparison is "decided" for a stated effect e when its CI excludes 0 or MDE <= e.
     """
     if not 0 < alpha < 1 or not 0 < power < 1:
         raise ValueError(f"mde: need 0 < alpha < 1 and 0 < power < 1, got {alpha}, {power}")
     if s < 0 or math.isnan(s):
         raise ValueError(f"mde: s must be a standard deviation >= 0, got {s}")
-    dof = 2 * n - 2 if df is None else df
-    if n < 2 or dof <= 0:
+    nb = n if nb is None else nb
+    dof = n + nb - 2 if df is None else df
+    if n < 2 or nb < 2 or dof <= 0:
         return math.inf
     t = float(st.t.ppf(1 - alpha / 2, dof) + st.t.ppf(power, dof))
-    return t * s * math.sqrt(2.0 / n)
+    return t * s * math.sqrt(1.0 / n + 1.0 / nb)
+
+
+def pooled_sd(sa: float, na: int, sb: float, nb: int) -> float:
+    """The pooled standard deviation of two samples (sizes na, nb, sample SDs sa, sb), df
+    na + nb - 2; nan when either side has fewer than 2 values."""
+    if na < 2 or nb < 2:
+        return NAN
+    return math.sqrt(((na - 1) * sa * sa + (nb - 1) * sb * sb) / (na + nb - 2))
 
 
 def welch(a: Iterable[float], b: Iterable[float], conf: float = 0.95) -> PairedResult:

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from orchestrator.analysis.stats import mde, pooled_sd
 from orchestrator.analysis.load import ReportConfig, SweepData
 from orchestrator.analysis.tables import _md_table, _small_gap_share
 from orchestrator.sweep.claims import Claim
@@ -43,16 +44,13 @@ _FIRST = ("cont0/probe_loss", "train/initial_loss")  # first-loss columns, prefe
 
 def _mde_pooled(sa: float, na: int, sb: float, nb: int, alpha: float = 0.05,
                 power: float = 0.8) -> tuple[float, float, int]:
-    """(MDE, s_pooled, df) of a two-sided two-sample t-test at ``alpha`` with ``power``.
-
-    Named privately: analysis/stats.py may grow a public ``mde``; this one takes the two
-    arms' sample standard deviations and sizes."""
+    """(MDE, s_pooled, df) of a two-sided two-sample t-test at ``alpha`` with ``power``, from
+    the two arms' sample standard deviations and sizes (stats.pooled_sd, stats.mde)."""
     df = na + nb - 2
     if na < 2 or nb < 2:
         return NAN, NAN, df
-    sp = math.sqrt(((na - 1) * sa * sa + (nb - 1) * sb * sb) / df)
-    t = float(st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df))
-    return t * sp * math.sqrt(1 / na + 1 / nb), sp, df
+    sp = pooled_sd(sa, na, sb, nb)
+    return mde(sp, na, alpha, power, nb=nb), sp, df
 
 
 def _matches(trials: pd.DataFrame, selector: dict[str, Any]) -> pd.Series:

@@ -174,3 +174,17 @@ def test_welch_matches_scipy():
     ci = ref.confidence_interval(0.95)
     assert (r.lo, r.hi) == pytest.approx((ci.low, ci.high))
     assert math.isnan(welch([1.0], b).p) and welch([1.0, 1.0], [1.0, 1.0]).p == 1.0
+
+
+def test_mde_unequal_arms_and_pooled_sd():
+    """mde with nb: df na + nb - 2 and the factor sqrt(1/na + 1/nb); nb = n is the old form."""
+    from orchestrator.analysis.stats import mde, pooled_sd
+
+    assert mde(1.0, 5, nb=5) == mde(1.0, 5)
+    import scipy.stats as st
+    want = (st.t.ppf(0.975, 6) + st.t.ppf(0.8, 6)) * math.sqrt(1 / 3 + 1 / 5)
+    assert mde(1.0, 3, nb=5) == pytest.approx(want, rel=1e-12)
+    assert mde(1.0, 5, nb=1) == math.inf
+    assert pooled_sd(1.0, 3, 1.0, 5) == pytest.approx(1.0)
+    assert pooled_sd(1.0, 3, 2.0, 3) == pytest.approx(math.sqrt(2.5))
+    assert math.isnan(pooled_sd(1.0, 1, 2.0, 3))
