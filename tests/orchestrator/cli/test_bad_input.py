@@ -23,18 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tiny_spec import ROOT, spec_with
 
-ROOT = Path(__file__).resolve().parents[3]
-
-# Every section on one line, so a case replaces whole lines.
-GOOD = """\
-name: bad
-workload: {preset: gpt-debug}
-space: {optim.lr: {grid: [1.0e-3, 3.0e-3]}}
-seeds: [0]
-search: {algorithm: grid, max_concurrent: 1}
-budget: {steps: 4, eval_every: 2, metrics_every: 0}
-"""
+GOOD = spec_with(name="bad")
 
 # 9 levels of 9 aliases: 9**9 = 387M nodes once expanded (the billion-laughs shape).
 BOMB = "name: bad\nworkload: {preset: gpt-debug}\na0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -43,9 +34,7 @@ BOMB = "name: bad\nworkload: {preset: gpt-debug}\na0: &a0 [x, x, x, x, x, x, x, 
 
 def _spec(**sections: str) -> str:
     """GOOD with top-level sections replaced or added (value: the section's flow-style YAML)."""
-    lines = {ln.split(":", 1)[0]: ln for ln in GOOD.splitlines()}
-    lines.update({k: f"{k}: {v}" for k, v in sections.items()})
-    return "\n".join(lines.values()) + "\n"
+    return spec_with(GOOD, **sections)
 
 
 @dataclass

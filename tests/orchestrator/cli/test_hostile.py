@@ -19,21 +19,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from tiny_spec import TINY, spec_with
 
-SPEC = """\
-name: tiny
-workload: {preset: gpt-debug}
-space: {optim.lr: {grid: [1.0e-3, 3.0e-3]}}
-seeds: [0]
-search: {algorithm: grid, max_concurrent: 1}
-budget: {steps: 4, eval_every: 2, metrics_every: 0}
-"""
-
-
-def spec_with(**sections: str) -> str:
-    lines = {ln.split(":", 1)[0]: ln for ln in SPEC.splitlines()}
-    lines.update({k: f"{k}: {v}" for k, v in sections.items()})
-    return "\n".join(lines.values()) + "\n"
+SPEC = TINY
 
 
 def sweep_folder(tmp: Path, name: str = "tiny", manifest: object = None,

@@ -18,25 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_spec import ROOT, cli_env, spec_with
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[3]
-
-SPEC = """\
-name: tiny
-workload: {preset: gpt-debug}
-space: {optim.lr: {grid: [1.0e-3, 3.0e-3]}}
-seeds: [0]
-search: {algorithm: grid, max_concurrent: 1}
-budget: {steps: 60, eval_every: 20, metrics_every: 0}
-resources: {workers_per_trial: 1, cpus_per_worker: 1}
-"""
-
-
-def _env() -> dict[str, str]:
-    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
-                PYTHONPATH=str(ROOT))
+SPEC = spec_with(name="tiny", budget="{steps: 60, eval_every: 20, metrics_every: 0}",
+                 resources="{workers_per_trial: 1, cpus_per_worker: 1}")
+_env = cli_env
 
 
 def _parent_status(db: Path) -> str:
