@@ -21,6 +21,7 @@ Everything is a pure function of tables; ``write_verdicts`` writes verdicts.md /
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,18 @@ def _select(trials: pd.DataFrame, selector: dict[str, Any]) -> tuple[pd.DataFram
     """The trials of the one arm ``selector`` picks, and the arm labels it matched."""
     t = trials[_matches(trials, selector)]
     return t, list(dict.fromkeys(t["arm"]))
+
+
+def _ones_columns(metric: str, columns: Iterable[str]) -> list[str]:
+    """The all-ones control that belongs to ``metric``: taken at the same time (``cont0/`` at
+    step 0, ``cont/`` at the end) and on the same vectors (``grad_ones_*`` for a gradient
+    metric, ``ones_*`` for weights). A metric outside that scheme is checked against every
+    end-of-training control, weights and gradients."""
+    when, _, name = metric.partition("/")
+    if when in ("cont", "cont0") and name:
+        kind = "grad_ones_" if name.startswith("grad_") else "ones_"
+        return [c for c in columns if c.startswith(f"{when}/{kind}")]
+    return [c for c in columns if c.startswith(("cont/ones_", "cont/grad_ones_"))]
 
 
 def _first_loss(t: pd.DataFrame) -> pd.Series:
@@ -171,16 +184,18 @@ def _control_reasons(claim: Claim, t: pd.DataFrame, metrics: pd.DataFrame | None
             reasons.append(f"first loss {row['first_loss_worst']:.4g} far from ln("
                            f"{claim.n_classes}) = {target:.4g}")
     if "ones" in claim.controls:
-        cols = [c for c in t.columns if c.startswith(("cont/ones_", "cont/grad_ones_"))]
+        cols = _ones_columns(claim.metric, t.columns)
         vals = t[cols].apply(pd.to_numeric, errors="coerce") if cols else pd.DataFrame()
         per_arm = vals.groupby(t["arm"]).mean() if cols else pd.DataFrame()
-        worst = float(np.nanmax(per_arm.to_numpy())) if per_arm.size and \
-            np.isfinite(per_arm.to_numpy()).any() else NAN
+        arr = per_arm.to_numpy()
+        worst = float(np.nanmax(arr)) if arr.size and np.isfinite(arr).any() else NAN
         row["ones_worst"] = worst
         if not math.isfinite(worst):
             reasons.append("all-ones control not recorded")
         elif worst > claim.ones_max:
-            reasons.append(f"all-ones control high ({worst:.3g} > {claim.ones_max})")
+            i, j = np.unravel_index(int(np.nanargmax(arr)), arr.shape)
+            reasons.append(f"all-ones control high ({worst:.3g} > {claim.ones_max}: "
+                           f"{per_arm.columns[j]} in {per_arm.index[i]})")
     if "small_gap" in claim.controls:
         gap = _small_gap_share(metrics if metrics is not None else pd.DataFrame(),
                                t["trial"], min_gap)

@@ -11,8 +11,10 @@ Controls (docs/science.md §4.5 and §4.3 M2):
   within ``first_loss_tol`` (relative) of ln(``n_classes``); far above it the init, not the
   learning, sets every weight metric.
 - ``small_gap``: most matrices with s1/s2 < 1.05 make top-1 singular vectors ill-defined.
-- ``ones``: the all-ones control (``cont/ones_*``, ``cont/grad_ones_*``) above ``ones_max``
-  means top vectors lean to the all-ones direction (non-negative inputs), not continuity.
+- ``ones``: the all-ones control above ``ones_max`` means top vectors lean to the all-ones
+  direction (non-negative inputs), not continuity. It is the control of the claim's metric:
+  the same time (``cont0/`` at step 0, ``cont/`` at the end) and vectors (``grad_ones_*`` for
+  gradient metrics, ``ones_*`` for weights), worst side and arm.
 """
 
 from __future__ import annotations

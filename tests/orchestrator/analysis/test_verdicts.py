@@ -160,3 +160,30 @@ def test_direction_higher_mirrors_lower():
     r = claim_verdict(_claim(direction="higher"), t, _gap_rows(t, 2.0))
     assert r["verdict"] == AGREES and r["diff"] == pytest.approx(np.mean(B) - np.mean(A))
     assert claim_verdict(_claim(direction="lower"), t, _gap_rows(t, 2.0))["verdict"] == DISAGREES
+
+
+def test_ones_control_matches_the_metric_time_and_vectors():
+    """A step-0 gradient claim is judged by the step-0 gradient all-ones control, an
+    end-of-training weight claim by the end weight control: a high control elsewhere does not
+    withhold the verdict, a high one of its own does (and the reason names the column)."""
+    from orchestrator.analysis.verdicts import _ones_columns
+
+    cols = ["cont0/grad_ones_v_mean", "cont0/ones_u_mean", "cont/grad_ones_u_mean",
+            "cont/ones_v_mean", "cont/ones_u_mean", "loss"]
+    assert _ones_columns("cont0/grad_resid_top1_mean", cols) == ["cont0/grad_ones_v_mean"]
+    assert _ones_columns("cont/resid_top1_mean", cols) == ["cont/ones_v_mean", "cont/ones_u_mean"]
+    assert _ones_columns("final_val_loss", cols) == ["cont/grad_ones_u_mean", "cont/ones_v_mean",
+                                                     "cont/ones_u_mean"]
+    A, B = [0.90, 0.92, 0.91], [0.20, 0.21, 0.19]
+    t = _trials(A, B, ones=0.05)
+    t["cont0/grad_res"] = t["loss"]
+    t["cont0/grad_ones_v_mean"] = 0.05
+    t["cont/ones_u_mean"] = 0.95  # the end weights lean to all-ones: not this claim's control
+    c = _claim(metric="cont0/grad_res", direction="higher", effect=0.1, min_steps=1,
+               controls=["ones"])
+    row = claim_verdict(c, t)
+    assert row["verdict"] == "agrees", row["reasons"]
+    t.loc[t["arm"] == "opt=b", "cont0/grad_ones_v_mean"] = 0.6
+    row = claim_verdict(c, t)
+    assert row["verdict"] == "not testable here"
+    assert "cont0/grad_ones_v_mean in opt=b" in row["reasons"]
