@@ -149,7 +149,7 @@ def _fmt(v, digits: int = 4) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, (bool, np.bool_)):
-        return "yes" if v else ""
+        return "yes" if v else "no"  # not "": a blank False reads as "not set" (model.skip)
     if isinstance(v, (float, np.floating)):
         return f"{v:.{digits}g}"
     return str(v).replace("|", "\\|")
