@@ -156,8 +156,10 @@ def _runs(sweep: Path):
 
 def _section_titles(driver) -> list[str]:
     """The chart sections of a run's metrics tab, in page order (``Loss (2)``, ``cont (11)``)."""
-    lines = driver.find_element("tag name", "body").text.splitlines()
-    return [ln for ln in lines if re.fullmatch(r"\S+ \(\d+\)", ln.strip())]
+    lines = [ln.strip() for ln in driver.find_element("tag name", "body").text.splitlines()]
+    # a section header is its name, then its chart count on the next line
+    return [f"{lines[i - 1]} {ln}" for i, ln in enumerate(lines)
+            if i and re.fullmatch(r"\(\d+\)", ln)]
 
 
 @pytest.mark.timeout(600)
