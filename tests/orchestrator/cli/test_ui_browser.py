@@ -249,8 +249,9 @@ def test_one_metric_vocabulary(sweep: Path):
         assert f"`{old}` → `{new}`" in doc  # the exceptions are documented
     tokens = set(re.findall(r"`([^`\s]+)`", doc))
     # a placeholder such as <k> or <d> stands for one name part (stream/a/<k>: stream/a/0)
+    # (a token that is only placeholders, such as <section>/<name>, defines nothing)
     pats = [re.compile(re.sub(r"<[^>]+>", "[A-Za-z0-9_]+", re.escape(t)))
-            for t in tokens if "<" in t]
+            for t in tokens if "<" in t and re.search(r"\w", re.sub(r"<[^>]+>", "", t))]
     allkeys = set(parent.data.metrics) | {k for r in children.values() for k in r.data.metrics}
     vocab = {next((o for o, n in MLFLOW_KEYS.items() if n == k), k) for k in allkeys}
     undefined = sorted(k for k in vocab
