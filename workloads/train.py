@@ -305,7 +305,7 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
 
         # --- report: eval, metrics, checkpoint ------------------------------------------
         n = step + 1
-        scalars: dict[str, float] = {"step": n, "lr": lr, "train/grad_norm": grad_norm,
+        scalars: dict[str, float] = {"step": n, "train/lr": lr, "train/grad_norm": grad_norm,
                                      "train/initial_loss": initial_loss, "train/time_s": wall}
         scalars["train/loss"] = sum(window_losses) / len(window_losses)
         now = time.perf_counter()

@@ -59,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     def report(rep) -> None:
         s = rep.scalars
         parts = [f"step {rep.step:>6d}", f"train/loss {s.get('train/loss', float('nan')):.4f}"]
-        for k in ("val/loss", "val/acc", "lr"):
+        for k in ("val/loss", "val/acc", "train/lr"):
             if k in s:
                 parts.append(f"{k} {s[k]:.4g}")
         if rep.divergence:

@@ -108,8 +108,15 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if host not in ("127.0.0.1", "localhost"):
         print("[geosweep] warning: the MLflow UI is reachable from the network; protect it",
               file=sys.stderr)
-    print(f"[geosweep] MLflow UI for {root.name}: http://{host}:{port}  (Ctrl-C stops it)",
-          flush=True)
+    base = f"http://{host}:{port}"
+    print(f"[geosweep] MLflow UI for {root.name}: {base}  (Ctrl-C stops it)", flush=True)
+    from orchestrator.store.mlflow_names import view_url
+    from orchestrator.store.runs import view_experiment
+
+    name = str(manifest.get("name") or root.name)
+    exp_id = view_experiment(uri, name)
+    if exp_id is not None:  # the runs table with params and losses as columns, arms expanded
+        print(f"[geosweep] the sweep's runs: {view_url(base, exp_id, name)}", flush=True)
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 

@@ -10,8 +10,9 @@ Metric points are written at most once per (trial, key, step): a point whose ste
 above the last step already logged for that key is skipped (MLflow cannot delete metric
 points, so a resumed trial's re-run steps keep the first value; on CPU they are equal).
 
-Keys: curve points ``{split, metric}`` -> ``<split>/<metric>`` (``train/loss``, ``val/loss``);
-params are flattened with dotted keys, stringified, truncated to 6000 characters.
+Keys: curve points ``{split, metric}`` -> ``<split>/<metric>``, scalars by their name, both
+through ``mlflow_names.mlflow_key`` (the loss curves are ``Loss/train``, ``Loss/val``: the first
+charts in MLflow's UI; docs/metrics.md §N); params are flattened with dotted keys, stringified, truncated to 6000 characters.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from orchestrator.store.mlflow_names import mlflow_key
 from orchestrator.store.run_names import END_STATUS, EXPERIMENT_KIND
 
 __all__ = ["MlflowSink", "default_tracking", "flatten_params", "TAG"]
@@ -71,7 +73,7 @@ def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def _scalar_items(scalars: dict[str, float], step: int) -> list[tuple]:
-    return [(_key(k), float(v), int(step), None) for k, v in scalars.items()
+    return [(_key(mlflow_key(k)), float(v), int(step), None) for k, v in scalars.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
@@ -235,7 +237,7 @@ class MlflowSink:
         t0 = self._start_ms.get(trial_id, int(time.time() * 1000))
         metrics = []
         for p in points:
-            key = _key(f"{p['split']}/{p['metric']}")
+            key = _key(mlflow_key(f"{p['split']}/{p['metric']}"))
             wall = p.get("wall_time")
             ts = t0 + int(1000 * wall) if wall is not None and math.isfinite(wall) else None
             metrics.append((key, float(p["value"]), int(p["step"]), ts))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["sweep_tracking_uri", "store_problem", "trial_runs", "sweep_runs",
-           "log_report"]
+           "log_report", "view_experiment"]
 
 _MAX_RUNS = 50000  # the SQL store's search_runs page limit
 
@@ -56,6 +56,23 @@ def trial_runs(client: Any, sweep: str, experiment: str | None = None) -> dict[s
         if tid and r.data.tags.get("geosweep.role", "child") == "child":
             out[tid] = r.info.run_id
     return out
+
+
+def view_experiment(uri: str, sweep: str) -> str | None:
+    """The id of the experiment holding the sweep's shared view (store/summary.py), or None
+    (no such store or view: a sweep that ended before the summary was written)."""
+    if store_problem(uri):
+        return None
+    from mlflow import MlflowClient
+
+    from orchestrator.store.mlflow_names import VIEW_TAG_PREFIX, view_key
+
+    tag = VIEW_TAG_PREFIX + view_key(sweep)
+    try:
+        exps = MlflowClient(tracking_uri=uri).search_experiments()
+    except Exception:  # noqa: BLE001 - a broken store: the plain UI link still works
+        return None
+    return next((e.experiment_id for e in exps if tag in e.tags), None)
 
 
 def sweep_runs(root: Path, manifest: dict[str, Any], name: str, experiment: str | None = None,

@@ -3,7 +3,9 @@ trial's run (id, name and a link the UI opens), written when a sweep ends.
 
 Parent metrics (one value, step 0): ``sweep/best_objective``, ``sweep/n_trials`` and
 ``sweep/n_<status>`` for every final status; tags ``geosweep.objective`` (the metric's name),
-``geosweep.best.{trial, run_id, run_name, link}``.
+``geosweep.best.{trial, run_id, run_name, link}``; and on the experiment the sweep's shared view
+(store/mlflow_names.py: the runs table with the searched parameters and losses as columns, the
+parent expanded to its children), which ``geosweep ui`` links to.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 from typing import Any
 
 from orchestrator.store.mlflow import TAG, MlflowSink
+from orchestrator.store.mlflow_names import VIEW_TAG_PREFIX, mlflow_key, view_key, view_state
 
 __all__ = ["log_sweep_summary", "best_record", "STATUSES"]
 
@@ -37,7 +40,8 @@ def log_sweep_summary(sink: MlflowSink, records: list[dict[str, Any]], metric: s
     counts = {s: sum(r.get("status") == s for r in records) for s in STATUSES}
     metrics: dict[str, float] = {f"sweep/n_{s}": float(n) for s, n in counts.items()}
     metrics["sweep/n_trials"] = float(len(records))
-    tags: dict[str, Any] = {f"{TAG}objective": metric, f"{TAG}mode": mode}
+    tags: dict[str, Any] = {f"{TAG}objective": metric, f"{TAG}objective_key": mlflow_key(metric),
+                            f"{TAG}mode": mode}
     best = best_record(records, mode)
     if best is not None:
         metrics["sweep/best_objective"] = float(best["objective"])
@@ -53,4 +57,13 @@ def log_sweep_summary(sink: MlflowSink, records: list[dict[str, Any]], metric: s
             tags[f"{TAG}best.link"] = f"#/experiments/{sink.experiment_id}/runs/{run_id}"
     sink.log_scalars(None, metrics, step=0)
     sink.set_tags(None, tags)
+    sink.client.set_experiment_tag(sink.experiment_id, VIEW_TAG_PREFIX + view_key(sink.sweep),
+                                   view_state(_param_keys(records), sink.parent_id, metric))
     return {"metrics": metrics, "tags": tags}
+
+
+def _param_keys(records: list[dict[str, Any]]) -> list[str]:
+    """The searched parameters of the sweep (first-seen order), the seed last."""
+    keys = dict.fromkeys(k for r in records for k in (r.get("params") or {}))
+    seed = [k for k in keys if k == "train.seed"]
+    return [k for k in keys if k != "train.seed"] + seed

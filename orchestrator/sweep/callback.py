@@ -253,11 +253,9 @@ class SinkCallback(Callback):
             self.parquet.write_metrics(tid, rows)
         if self.mlflow is not None:
             step = int(result.get("step", rec.get("last_step") or 0))
-            scalars_at = [(_scalars(result), step)]
-            # model-wide rows only; per-layer rows live in Parquet
-            scalars_at += [({f"geo/{r['metric']}": r["value"]}, r["step"]) for r in rows
-                           if r.get("module", "") == "" and r.get("layer", -1) < 0]
-            self.mlflow.log_result(tid, curve, scalars_at)  # one transaction per result
+            # rows live in Parquet only: their summaries are reported scalars (``cont/*``), so
+            # MLflow and Parquet ``trials/`` share one vocabulary (docs/metrics.md §N)
+            self.mlflow.log_result(tid, curve, [(_scalars(result), step)])  # one transaction
             self._set_tags(tid, self._tags(rec))
         self._write(rec)
 

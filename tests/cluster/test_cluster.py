@@ -152,13 +152,13 @@ def test_submit_sweep_to_two_node_cluster(tmp_path: Path, monkeypatch, capsys):
         parent = next(r for r in runs if r.data.tags["geosweep.role"] == "parent")
         children = [r for r in runs if r.data.tags["geosweep.role"] == "child"]
         assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
-        assert all("val/loss" in c.data.metrics for c in children)
+        assert all("Loss/val" in c.data.metrics for c in children)
         assert sorted(trials["optim.lr"].astype(float)) == [0.003, 0.02]
         # the same trials, with the same final validation loss, in Parquet and in MLflow
         pq = dict(zip(trials["trial"], trials["final_val_loss"]))
         assert sorted(pq) == sorted(c.data.tags["geosweep.trial_id"] for c in children)
         for c in children:
-            assert c.data.metrics["val/loss"] == pytest.approx(pq[c.data.tags["geosweep.trial_id"]])
+            assert c.data.metrics["Loss/val"] == pytest.approx(pq[c.data.tags["geosweep.trial_id"]])
         head_proc, head_tmp = head.proc, head.temp_dir
     print(f"cluster up {t_up:.0f}s, job {t_job:.0f}s, total {time.time() - t0:.0f}s")
     assert head_proc.poll() is not None

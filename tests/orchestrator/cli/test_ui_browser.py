@@ -1,15 +1,19 @@
-"""The MLflow UI in a real browser (issue 7, section 6): ``geosweep ui`` on a finished sweep,
-opened in headless Chromium through selenium + chromedriver (Debian's ``chromium`` and
-``chromium-driver``), shows the sweep's experiment, its parent run, its child runs nested under
-it, and a metric chart of a child run.
+"""The MLflow UI in a real browser (issues 7 §6 and 14 §1): ``geosweep ui`` on a finished sweep
+with one deliberately diverged trial (lr = 1e30: NaN by step 2, see test_nan_storm.py), opened in
+headless Chromium through selenium + chromedriver (Debian's ``chromium`` and ``chromium-driver``).
+Through the link ``geosweep ui`` prints, the runs table shows the parent expanded to child runs
+named by arm, with parameter and loss columns; the diverged child is Failed; a child's charts
+start with the loss section. The same sweep checks one metric vocabulary: its MLflow keys are its
+Parquet names (but the documented loss keys) and docs/metrics.md defines every one.
 
-The screenshot goes to ``tmp_path``; with ``GEOSWEEP_UPDATE_SCREENSHOT=1`` also to
-``docs/img/mlflow_ui.png`` (the README's picture).
+Screenshots go to ``tmp_path``; with ``GEOSWEEP_UPDATE_SCREENSHOT=1`` the runs table also to
+``docs/img/mlflow_runs.png`` (the README's picture).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,13 +33,18 @@ CHROMEDRIVER = shutil.which("chromedriver")
 
 SPEC = """
 name: uisweep
-workload: {preset: gpt-debug}
-space: {optim.lr: {grid: [1.0e-3, 3.0e-3]}}
+workload:
+  preset: gpt-debug
+  overrides: {model.residual.family: spheret, optim.grad_clip: 0.0, optim.warmup_steps: 4}
+space:
+  model.residual.p: {grid: [2.0]}
+  optim.lr: {grid: [3.0e-3, 1.0e30]}
 seeds: [0]
 search: {algorithm: grid, max_concurrent: 2}
-budget: {steps: 12, eval_every: 4, metrics_every: 0}
+budget: {steps: 12, eval_every: 4, metrics_every: 4}
 resources: {workers_per_trial: 1, cpus_per_worker: 1}
 """
+ARMS = {"p=2 lr=3e-3 s0": "FINISHED", "p=2 lr=1e30 s0": "FAILED"}
 
 
 def _free_port() -> int:
@@ -58,7 +67,8 @@ def sweep(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def ui(sweep: Path, tmp_path: Path):
-    """``geosweep ui`` in its own process group; yields its base URL; killed afterwards."""
+    """``geosweep ui`` in its own process group; yields the sweep's link it prints (the shared
+    view of its runs table); killed afterwards."""
     port = _free_port()
     log = open(tmp_path / "ui.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", str(sweep),
@@ -77,7 +87,11 @@ def ui(sweep: Path, tmp_path: Path):
                     pytest.fail("MLflow UI did not come up:\n"
                                 + (tmp_path / "ui.log").read_text()[-3000:])
                 time.sleep(0.5)
-        yield url
+        log.flush()
+        link = re.search(r"the sweep's runs: (\S+)", (tmp_path / "ui.log").read_text())
+        assert link, (tmp_path / "ui.log").read_text()[-3000:]
+        assert link.group(1).startswith(url + "/#/experiments/")
+        yield link.group(1)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -126,8 +140,8 @@ def _text_present(text: str):
     return lambda d: text in d.find_element("tag name", "body").text
 
 
-@pytest.mark.timeout(600)
-def test_mlflow_ui_renders_the_sweep(sweep: Path, ui: str, browser, tmp_path: Path):
+
+def _runs(sweep: Path):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{sweep / 'mlflow.db'}")
@@ -135,46 +149,111 @@ def test_mlflow_ui_renders_the_sweep(sweep: Path, ui: str, browser, tmp_path: Pa
     assert exp is not None
     runs = client.search_runs([exp.experiment_id])
     parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
-    assert len(parent) == 1 and len(children) == 2
-    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent[0].info.run_id}
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId")}
+    assert len(parent) == 1, [r.info.run_name for r in runs]
+    return client, exp, parent[0], children
 
-    # 1. the experiment list names the sweep's experiment
-    browser.get(f"{ui}/#/experiments")
-    _wait(browser, _text_present("uisweep"), what="the experiment in the list")
 
-    # 2. its runs table: the parent run, expanded (the chevron in its name cell) to its children
-    browser.get(f"{ui}/#/experiments/{exp.experiment_id}/runs")
-    _wait(browser, _text_present(parent[0].info.run_name), what="the parent run")
+def _section_titles(driver) -> list[str]:
+    """The chart sections of a run's metrics tab, in page order (``Loss (2)``, ``cont (11)``)."""
+    lines = [ln.strip() for ln in driver.find_element("tag name", "body").text.splitlines()]
+    # a section header is its name, then its chart count on the next line
+    return [f"{lines[i - 1]} {ln}" for i, ln in enumerate(lines)
+            if i and re.fullmatch(r"\(\d+\)", ln)]
+
+
+@pytest.mark.timeout(600)
+def test_mlflow_ui_renders_the_sweep(sweep: Path, ui: str, browser, tmp_path: Path):
+    client, exp, parent, children = _runs(sweep)
+    # child runs named by arm; the diverged one FAILED with its reason
+    assert {k: r.info.status for k, r in children.items()} == ARMS, sorted(children)
+    bad = children["p=2 lr=1e30 s0"]
+    assert bad.data.tags["geosweep.reason"].startswith("diverged: "), bad.data.tags
+    assert {r.data.tags["mlflow.parentRunId"] for r in children.values()} == {parent.info.run_id}
+
+    # 1. the sweep's link: its runs table with parameter and loss columns
+    browser.get(ui)
+    _wait(browser, _text_present(parent.info.run_name), what="the parent run")
     for close in browser.find_elements("css selector", "button[aria-label='Close']"):
         close.click()  # the "MLflow Assistant" side panel: not part of what we show
-    expander = _wait(browser, lambda d: d.find_elements(
-        "css selector", "button[data-component-id*='runnamecellrenderer']"),
-        what="the nested-runs expander")
-    expander[0].click()
-    for c in children:
-        _wait(browser, _text_present(c.info.run_name), what=f"child run {c.info.run_name}")
-    runs_png = tmp_path / "mlflow_ui.png"
-    browser.save_screenshot(str(runs_png))
 
-    # 3. a child run's model-metrics tab draws its loss curve (plotly: an svg path per line)
-    child = children[0]
-    assert "train/loss" in child.data.metrics, sorted(child.data.metrics)
-    n_points = len(client.get_metric_history(child.info.run_id, "train/loss"))
-    assert n_points == 12
-    browser.get(f"{ui}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}/model-metrics")
-    # a run has dozens of metric charts, drawn lazily as they scroll into view: filter
-    search = _wait(browser, lambda d: d.find_elements(
-        "css selector", "input[placeholder*='earch metric']"), what="the chart search box")
-    search[0].send_keys("train/loss")
-    _wait(browser, _text_present(f"{child.info.run_name} (train/loss)"),
-          what="the train/loss chart legend")
+    def headers(d):
+        return [e.text for e in d.find_elements("css selector", "[role=columnheader]")]
+
+    want = {"model.residual.p", "optim.lr", "train.seed", "Loss/val"}
+    _wait(browser, lambda d: want <= set(headers(d)), what=f"the columns {sorted(want)}")
+    # 2. the parent expanded (the chevron in its name cell) to its children, named by arm
+    if not all(name in browser.find_element("tag name", "body").text for name in ARMS):
+        expander = _wait(browser, lambda d: d.find_elements(
+            "css selector", "button[data-component-id*='runnamecellrenderer']"),
+            what="the nested-runs expander")
+        expander[0].click()
+    for name in ARMS:
+        _wait(browser, _text_present(name), what=f"child run {name}")
+    _wait(browser, _text_present("1e+30"), what="the diverged arm's optim.lr cell")
+    runs_png = tmp_path / "mlflow_runs.png"
+    browser.save_screenshot(str(runs_png))
+    assert runs_png.stat().st_size > 10_000
+
+    # 3. the diverged child's page says Failed
+    base = ui.split("/#/")[0]
+    browser.get(f"{base}/#/experiments/{exp.experiment_id}/runs/{bad.info.run_id}")
+    _wait(browser, _text_present("Failed"), what="the diverged run's Failed status")
+
+    # 4. a child's metric charts: the loss section first, its train curve drawn
+    ok = children["p=2 lr=3e-3 s0"]
+    assert len(client.get_metric_history(ok.info.run_id, "Loss/train")) == 12
+    browser.get(f"{base}/#/experiments/{exp.experiment_id}/runs/{ok.info.run_id}/model-metrics")
+    titles = _wait(browser, lambda d: (t := _section_titles(d)) and len(t) >= 3 and t,
+                   what="the chart sections")
+    assert titles[0] == "Loss (2)", titles
+    _wait(browser, _text_present(f"{ok.info.run_name} (Loss/train)"),
+          what="the Loss/train chart legend")
     lines = _wait(browser, lambda d: [e for e in d.find_elements("css selector", "svg path.js-line")
-                                      if (e.get_attribute("d") or "").count("L") == n_points - 1],
-                  what="a drawn loss line")
+                                      if (e.get_attribute("d") or "").count("L") == 11],
+                  what="a drawn 12-step loss line")
     assert lines
     browser.save_screenshot(str(tmp_path / "mlflow_metrics.png"))
-    assert runs_png.stat().st_size > 10_000
     if os.environ.get("GEOSWEEP_UPDATE_SCREENSHOT") == "1":
+        from PIL import Image
+
         (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
-        shutil.copy(runs_png, ROOT / "docs" / "img" / "mlflow_ui.png")
+        img = Image.open(runs_png).convert("RGB")  # small: 1000 px wide, 64-colour palette
+        img = img.resize((1000, round(img.height * 1000 / img.width)), Image.LANCZOS)
+        img.quantize(64).save(ROOT / "docs" / "img" / "mlflow_runs.png", optimize=True)
+
+
+@pytest.mark.timeout(600)
+def test_one_metric_vocabulary(sweep: Path):
+    """MLflow keys == Parquet names (trials/ slash columns, curves/ <split>/<metric>) mapped by
+    the documented exceptions; every name (and the parent's) is defined in docs/metrics.md."""
+    from orchestrator.store.mlflow_names import MLFLOW_KEYS, mlflow_key
+    from orchestrator.store.parquet import read_curves, read_trials
+
+    client, _, parent, children = _runs(sweep)
+    trials = read_trials(str(sweep / "parquet"), sweep="uisweep")
+    curves = read_curves(str(sweep / "parquet"), sweep="uisweep")
+    for name, run in children.items():
+        tid = run.data.tags["geosweep.trial_id"]
+        row = trials[trials["trial"] == tid].iloc[0]
+        cols = {c for c in trials.columns if "/" in c and row[c] == row[c]}  # not NaN
+        cur = curves[curves["trial"] == tid]
+        names = cols | set(cur["split"] + "/" + cur["metric"])
+        assert set(run.data.metrics) == {mlflow_key(n) for n in names}, name
+    ok = children["p=2 lr=3e-3 s0"].data.metrics
+    assert {"Loss/train", "Loss/val", "train/lr", "cont/resid_top1_mean"} <= set(ok)
+    assert not set(MLFLOW_KEYS) & set(ok)  # the vocabulary names are not logged twice
+
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    for old, new in MLFLOW_KEYS.items():
+        assert f"`{old}` → `{new}`" in doc  # the exceptions are documented
+    tokens = set(re.findall(r"`([^`\s]+)`", doc))
+    # a placeholder such as <k> or <d> stands for one name part (stream/a/<k>: stream/a/0)
+    # (a token that is only placeholders, such as <section>/<name>, defines nothing)
+    pats = [re.compile(re.sub(r"<[^>]+>", "[A-Za-z0-9_]+", re.escape(t)))
+            for t in tokens if "<" in t and re.search(r"\w", re.sub(r"<[^>]+>", "", t))]
+    allkeys = set(parent.data.metrics) | {k for r in children.values() for k in r.data.metrics}
+    vocab = {next((o for o, n in MLFLOW_KEYS.items() if n == k), k) for k in allkeys}
+    undefined = sorted(k for k in vocab
+                       if k not in tokens and not any(p.fullmatch(k) for p in pats))
+    assert not undefined, f"names docs/metrics.md does not define: {undefined}"

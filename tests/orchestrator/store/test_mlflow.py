@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -90,7 +91,7 @@ def test_resume_reuses_parent_and_child(store):
     client = MlflowClient(uri)
     runs = client.search_runs([b.experiment_id])
     assert sorted(r.info.run_id for r in runs) == sorted([parent, child])
-    hist = client.get_metric_history(child, "train/loss")
+    hist = client.get_metric_history(child, "Loss/train")  # train/loss: docs/metrics.md §N
     assert sorted(m.step for m in hist) == list(range(1, 61))
     assert client.get_run(parent).data.params == {"x": "1", "y": "2"}
     # another sweep in the same experiment gets its own parent
@@ -120,11 +121,11 @@ def test_batched_history_complete(store, monkeypatch):
     assert sink.log_scalars("t1", {"val/acc": 0.5, "flag": True, "name": "x"}, step=2500) == 1
 
     client = MlflowClient(uri)
-    hist = sorted(client.get_metric_history(child, "train/loss"), key=lambda m: m.step)
+    hist = sorted(client.get_metric_history(child, "Loss/train"), key=lambda m: m.step)
     assert [m.step for m in hist] == list(range(1, 2501))
     assert [m.value for m in hist[:3]] == [10.0, 5.0, 10.0 / 3]
     assert hist[99].timestamp - hist[0].timestamp == 990  # start time + wall_time
-    val = client.get_metric_history(child, "val/loss")
+    val = client.get_metric_history(child, "Loss/val")
     assert sorted(m.step for m in val) == list(range(100, 2501, 100))
     assert math.isnan(client.get_metric_history(child, "train/grad_norm")[0].value)
     assert client.get_metric_history(child, "val/acc")[0].value == 0.5
@@ -180,7 +181,7 @@ def test_log_result_one_batch_same_points_as_separate_calls(store, monkeypatch):
     sink = MlflowSink(uri, "e", "sw")
     sink.start_parent(SPEC, {}, PROV)
     sep, one = sink.start_child("sep", {}), sink.start_child("one", {})
-    scal = [({"train/loss": 99.0, "val/loss": 0.25}, 200), ({"geo/rank": 3.0}, 100)]
+    scal = [({"train/loss": 99.0, "val/loss": 0.25}, 200), ({"cont/rank": 3.0}, 100)]
     sink.log_curve("sep", _points(1, 200))
     for sc, step in scal:
         sink.log_scalars("sep", sc, step)
@@ -196,11 +197,11 @@ def test_log_result_one_batch_same_points_as_separate_calls(store, monkeypatch):
     assert sink.log_result("one", _points(1, 200), scal) == 200 + 2 + 1
     assert calls == [203]
     client = MlflowClient(uri)
-    for key in ("train/loss", "val/loss", "geo/rank"):
+    for key in ("Loss/train", "Loss/val", "cont/rank"):
         a = sorted((m.step, m.value) for m in client.get_metric_history(sep, key))
         b = sorted((m.step, m.value) for m in client.get_metric_history(one, key))
         assert a == b and a
-    train = {m.step: m.value for m in client.get_metric_history(one, "train/loss")}
+    train = {m.step: m.value for m in client.get_metric_history(one, "Loss/train")}
     assert train[200] == 10.0 / 200  # the curve's point, not the scalar's 99.0
 
 
@@ -218,7 +219,8 @@ def test_model_training_view_summary_and_failed_parent(store):
             {"trial": "c", "status": "diverged", "objective": 0.1},
             {"trial": "d", "status": "stopped", "objective": 3.0}]
     for r in recs:
-        sink.start_child(r["trial"], {"optim.lr": 0.1, "train.seed": 1}, name=f"run {r['trial']}")
+        r["params"] = {"train.seed": 1, "optim.lr": 0.1}  # the seed's column goes last
+        sink.start_child(r["trial"], r["params"], name=f"run {r['trial']}")
     out = log_sweep_summary(sink, recs, "val/loss")
     p = client.get_run(sink.parent_id)
     assert p.data.metrics["sweep/best_objective"] == 1.5  # diverged penalties never win
@@ -229,6 +231,18 @@ def test_model_training_view_summary_and_failed_parent(store):
     assert p.data.tags["geosweep.best.run_name"] == "run b"
     assert p.data.tags["geosweep.best.link"] == f"#/experiments/{sink.experiment_id}/runs/{best}"
     assert out["tags"]["geosweep.objective"] == "val/loss"
+    assert out["tags"]["geosweep.objective_key"] == "Loss/val"
+    # the sweep's shared view (geosweep ui's link): param + loss columns, the parent expanded
+    view = json.loads(client.get_experiment(sink.experiment_id).tags[
+        "mlflow.sharedViewState.geosweep-sw"])
+    assert view["selectedColumns"] == ["attributes.`Duration`", "params.`optim.lr`",
+                                       "params.`train.seed`", "metrics.`Loss/val`",
+                                       "metrics.`Loss/train`"]
+    assert view["runsExpanded"] == {sink.parent_id: True}
+    from orchestrator.store.runs import view_experiment
+
+    assert view_experiment(uri, "sw") == sink.experiment_id
+    assert view_experiment(uri, "nosuchsweep") is None
     sink.end_parent("FAILED", error="RuntimeError: boom")
     p = client.get_run(sink.parent_id)
     assert p.info.status == "FAILED" and p.data.tags["geosweep.reason"] == "RuntimeError: boom"

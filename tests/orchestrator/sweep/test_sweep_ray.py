@@ -113,7 +113,7 @@ def test_mlflow_parent_child_and_tags(four):
     div = next(c for c in children if c.data.tags.get("geosweep.status") == "diverged")
     assert div.data.tags.get("geosweep.divergence.reason")
     ok = next(c for c in children if c.data.tags.get("geosweep.status") == "completed")
-    hist = client.get_metric_history(ok.info.run_id, "train/loss")
+    hist = client.get_metric_history(ok.info.run_id, "Loss/train")
     assert sorted(m.step for m in hist) == list(range(1, 25))
     assert "optim.lr" in ok.data.params
 
