@@ -218,7 +218,7 @@ def sphere_step_fused(h: Tensor, u: Tensor, alpha: Tensor | float,
         alpha = torch.tensor(float(alpha), device=h.device)
     elif alpha.numel() != 1:
         return sphere_step(h, u, alpha, p)
-    a = alpha.reshape(())
+    a = alpha if alpha.dim() == 0 else alpha.reshape(())  # a reshape is one more graph node
     if p == 1:
         return _SphereStepP1.apply(h, u, a)
     return _SphereStep.apply(h, u, a, float(p))
