@@ -346,7 +346,8 @@ class SpheretNorm(ResidualStream):
         # softplus cost three autograd nodes, as much as a LayerNorm at small widths (issue 16
         # §4). Not under torch.compile, which fuses the per-sublayer form itself.
         self._a = None if torch.compiler.is_compiling() else self.step_sizes().unbind()
-        return self.g * x0 / (x0.norm(dim=-1, keepdim=True) + self.eps)
+        # One full-width op: the scale is formed per token first.
+        return x0 * (self.g / (x0.norm(dim=-1, keepdim=True) + self.eps))
 
     def exit(self, h):
         self._a = None  # the next forward's sublayers must not see this forward's graph
