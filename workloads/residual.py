@@ -319,6 +319,8 @@ class SpheretNorm(ResidualStream):
         self.lam = {"sublayer": [k**-0.5 for k in range(1, n + 1)],
                     "block": [b**-0.5 for b in blk], "none": [1.0] * n}[params.decay]
         self.s = nn.Parameter(torch.full((n,), math.log(math.e - 1.0)))
+        self._lam_t: Tensor | None = None  # lam as a tensor in s's dtype/device (see _lam)
+        self._a: tuple[Tensor, ...] | None = None  # this forward's a_k (see enter)
         g = torch.tensor(math.sqrt(d))
         if params.radius == "learnable":
             self.g = nn.Parameter(g)
@@ -327,16 +329,33 @@ class SpheretNorm(ResidualStream):
         self.inner = (nn.ModuleList(RMSNorm(d) for _ in range(n))
                       if params.inner_norm == "rmsnorm" else None)
 
+    def _lam(self) -> Tensor:
+        # Made from the Python floats in s's own dtype (a buffer cast from fp32 to fp64 would
+        # keep fp32's rounding), once per dtype/device rather than once per forward.
+        t, s = self._lam_t, self.s
+        if t is None or t.dtype != s.dtype or t.device != s.device:
+            t = self._lam_t = torch.tensor(self.lam, dtype=s.dtype, device=s.device)
+        return t
+
     def step_sizes(self) -> Tensor:
         """a_k for k = 0 .. 2L-1, shape (2L,)."""
-        return self.s.new_tensor(self.lam) * F.softplus(self.s)
+        return self._lam() * F.softplus(self.s)
 
     def enter(self, x0):
-        return self.g * x0 / (x0.norm(dim=-1, keepdim=True) + self.eps)
+        # Every a_k of this forward from one softplus: per sublayer, indexing s and taking its
+        # softplus cost three autograd nodes, as much as a LayerNorm at small widths (issue 16
+        # §4). Not under torch.compile, which fuses the per-sublayer form itself.
+        self._a = None if torch.compiler.is_compiling() else self.step_sizes().unbind()
+        # One full-width op: the scale is formed per token first.
+        return x0 * (self.g / (x0.norm(dim=-1, keepdim=True) + self.eps))
+
+    def exit(self, h):
+        self._a = None  # the next forward's sublayers must not see this forward's graph
+        return super().exit(h)
 
     def sublayer(self, k, h, branch):
         u = branch(h if self.inner is None else self.inner[k](h))
-        a = self.lam[k] * F.softplus(self.s[k])
+        a = self._a[k] if self._a is not None else self.lam[k] * F.softplus(self.s[k])
         # Under torch.compile the reference goes in: Inductor fuses its ~20 nodes itself, and on
         # CUDA (torch 2.11, H200, bf16 autocast) the compiled custom Function gave different
         # gradients from step 2 on while the compiled reference matched eager to 1e-3.

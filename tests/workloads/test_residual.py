@@ -218,3 +218,27 @@ def test_dyt_parameters_and_embed_scale():
     assert [m.alpha.item() for m in s.dyt[:2]] == [2.0, 0.5] and s.ln_f.alpha.item() == 0.5
     x0 = _x()
     assert torch.equal(s.enter(x0), x0)
+
+
+def test_spheret_step_sizes_once_per_forward_match_per_sublayer():
+    """enter() forms every a_k of the forward at once; a sublayer called without enter (or
+    after exit) forms its own. Both give the same values and gradients, and exit drops the
+    forward's a_k so no later call reuses a freed graph."""
+    branches = [_branch(k) for k in range(2 * L)]
+    x0 = _x()
+    s = _stream({"family": "spheret", "p": 2.0})
+    with torch.no_grad():
+        s.s.copy_(torch.linspace(-1.0, 1.0, 2 * L, dtype=torch.float64))
+    h, out = _run(s, x0, branches)
+    assert s._a is None
+    (out * out).sum().backward()
+    grad_cached = s.s.grad.clone()
+    s.s.grad = None
+    h2 = s.enter(x0)
+    s._a = None  # the per-sublayer form
+    for k, f in enumerate(branches):
+        h2 = s.sublayer(k, h2, f)
+    (s.exit(h2) ** 2).sum().backward()
+    assert torch.allclose(h, h2, atol=1e-12)
+    assert torch.allclose(grad_cached, s.s.grad, rtol=1e-10, atol=1e-14)
+    assert grad_cached.abs().min() > 0

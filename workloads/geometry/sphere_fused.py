@@ -150,49 +150,59 @@ class _SphereStep(torch.autograd.Function):
 
 class _SphereStepP1(torch.autograd.Function):
     """p = 1 (the metric projection): the general step with C = S = c = (1 + b)^(-1/2) and
-    C' = S' = -c^3/2, so out = c (h + a z) and G = -c^3/2 <g, h + a z>; fewer kernels."""
+    C' = S' = -c^3/2, so out = c (h + a z) and G = -c^3/2 <g, h + a z>.
+
+    Written for the op count, which is what the step costs at small widths (issue 16 §4):
+    full-width results are built in place (one allocation each), the per-token scalars that
+    the backward needs are formed once in the forward, and nothing is cast unless it has to be.
+    """
 
     @staticmethod
     def forward(ctx, h: Tensor, u: Tensor, a: Tensor):  # type: ignore[override]
-        a_dt = a.dtype
-        with _region(h):
-            h32, u32 = _up(h), _up(u)
-            a = a.to(h32.dtype)
-            hh = _dot(h32, h32)
-            m = _dot(u32, h32).div_(hh)
-            z = torch.addcmul(u32, m, h32, value=-1.0)
-            q = _dot(z, z).div_(hh)
-            b = q * (a * a)
-            c = (b + 1.0).rsqrt_()
-            out = torch.addcmul(h32, z, a).mul_(c)
-        ctx.save_for_backward(h32, z, a, hh, m, q, c)
-        ctx.dtypes = (h.dtype, u.dtype, a_dt)
+        h32, u32 = _up(h), _up(u)
+        a32 = a if a.dtype == h32.dtype else a.to(h32.dtype)
+        hh = _dot(h32, h32)
+        m = _dot(u32, h32).div_(hh)
+        z = torch.addcmul(u32, m, h32, value=-1.0)
+        q = _dot(z, z).div_(hh)
+        b = q * (a32 * a32)
+        c = (b + 1.0).rsqrt_()
+        out = torch.addcmul(h32, z, a32).mul_(c)
+        ctx.save_for_backward(h32, z, a32, hh, m, q, c)
+        ctx.dtypes = (h.dtype, u.dtype, a.dtype)
         ctx.set_materialize_grads(False)
-        return out.to(h.dtype), b
+        return (out if out.dtype == h.dtype else out.to(h.dtype)), b
 
     @staticmethod
     @once_differentiable  # the backward's own graph would miss z, m, ... (forward-only)
     def backward(ctx, g_out: Tensor | None, g_b: Tensor | None):  # type: ignore[override]
         h, z, a, hh, m, q, c = ctx.saved_tensors
         h_dt, u_dt, a_dt = ctx.dtypes
-        with _region(h):
-            g = torch.zeros_like(h) if g_out is None else _up(g_out).to(h.dtype)
-            gh, gz = _dot(g, h), _dot(g, z)
-            ca = c * a
-            big_g = torch.addcmul(gh, gz, a).mul_(c * c * c).mul_(-0.5)  # C' <g, h + a z>
-            if g_b is not None:
-                big_g = big_g + g_b.to(h.dtype)
-            e = big_g.mul(2.0 * a * a).div_(hh)
-            k = (ca * gh).div_(hh)
-            grad_u = grad_h = grad_a = None
-            if ctx.needs_input_grad[1]:
-                grad_u = torch.addcmul(torch.addcmul(ca * g, e, z), k, h, value=-1.0).to(u_dt)
-            if ctx.needs_input_grad[0]:
-                t = torch.addcmul(torch.addcmul(c, m, ca, value=-1.0) * g, torch.addcmul(k, m, e),
-                                  z, value=-1.0)
-                grad_h = torch.addcmul(t, torch.addcmul(k * m, q, e, value=-1.0), h).to(h_dt)
-            if ctx.needs_input_grad[2]:
-                grad_a = torch.addcmul(c * gz, q * big_g, 2.0 * a).sum().to(a_dt)
+        if g_out is None:
+            g = torch.zeros_like(h)
+        else:
+            g = g_out if g_out.dtype == h.dtype else g_out.to(h.dtype)
+        gh, gz = _dot(g, h), _dot(g, z)
+        ca = c * a
+        # G = C' <g, h + a z> (+ dL/db), C' = -c^3/2
+        big_g = torch.addcmul(gh, gz, a).mul_(c.pow(3).mul_(-0.5))
+        if g_b is not None:
+            big_g += g_b.to(h.dtype)
+        e = big_g * ((2.0 * a * a) / hh)  # e = 2 a^2 G / H
+        k = (ca * gh).div_(hh)  # k = c a <g,h> / H
+        need_h, need_u, need_a = ctx.needs_input_grad
+        grad_u = grad_h = grad_a = None
+        if need_u:  # c a g + e z - k h
+            grad_u = torch.mul(g, ca).addcmul_(e, z).addcmul_(k, h, value=-1.0)
+            grad_u = grad_u if grad_u.dtype == u_dt else grad_u.to(u_dt)
+        if need_h:  # (c - m c a) g - (m e + k) z + (k m - q e) h
+            grad_h = torch.mul(g, torch.addcmul(c, m, ca, value=-1.0))
+            grad_h.addcmul_(torch.addcmul(k, m, e), z, value=-1.0)
+            grad_h.addcmul_((k * m).addcmul_(q, e, value=-1.0), h)
+            grad_h = grad_h if grad_h.dtype == h_dt else grad_h.to(h_dt)
+        if need_a:  # sum of c <g,z> + 2 a q G
+            grad_a = torch.addcmul(gz.mul_(c), q * big_g, a, value=2.0).sum()
+            grad_a = grad_a if grad_a.dtype == a_dt else grad_a.to(a_dt)
         return grad_h, grad_u, grad_a
 
 
@@ -208,7 +218,7 @@ def sphere_step_fused(h: Tensor, u: Tensor, alpha: Tensor | float,
         alpha = torch.tensor(float(alpha), device=h.device)
     elif alpha.numel() != 1:
         return sphere_step(h, u, alpha, p)
-    a = alpha.reshape(())
+    a = alpha if alpha.dim() == 0 else alpha.reshape(())  # a reshape is one more graph node
     if p == 1:
         return _SphereStepP1.apply(h, u, a)
     return _SphereStep.apply(h, u, a, float(p))
