@@ -209,9 +209,11 @@ def test_mlflow_ui_renders_the_sweep(sweep: Path, ui: str, browser, tmp_path: Pa
     assert titles[0] == "Loss (2)", titles
     _wait(browser, _text_present(f"{ok.info.run_name} (Loss/train)"),
           what="the Loss/train chart legend")
+    # A drawn line, not its exact vertices: plotly simplifies nearly collinear points away, so
+    # the segment count is not the step count (12 points, checked in the history above).
     lines = _wait(browser, lambda d: [e for e in d.find_elements("css selector", "svg path.js-line")
-                                      if (e.get_attribute("d") or "").count("L") == 11],
-                  what="a drawn 12-step loss line")
+                                      if (e.get_attribute("d") or "").count("L") >= 2],
+                  what="a drawn loss line")
     assert lines
     browser.save_screenshot(str(tmp_path / "mlflow_metrics.png"))
     if os.environ.get("GEOSWEEP_UPDATE_SCREENSHOT") == "1":
