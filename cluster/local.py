@@ -2,7 +2,7 @@
 
 Facts this encodes (docs/platform.md): usage stats off (no network), a fast Ray Train
 health-check poll (``ray.train.report`` otherwise waits ~2 s per report), Ray's log noise
-quieted, temp files in a folder we choose.
+quieted, temp files in a folder we choose, and a local Ray that listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["ray_env", "prepare", "connect", "shutdown", "worker_env", "RayStartError"]
+__all__ = ["ray_env", "loopback_env", "prepare", "connect", "shutdown", "worker_env",
+           "RayStartError", "LOOPBACK_VAR"]
 
 
 class RayStartError(RuntimeError):
@@ -44,6 +45,30 @@ def ray_env() -> dict[str, str]:
     return {k: os.environ[k] for k in _ENV}
 
 
+# Ray 2.60 binds every server of a node (GCS, raylet, core workers, dashboard agent and its
+# metrics exporter, runtime-env agent) to 127.0.0.1 when the node IP is loopback and to all
+# interfaces otherwise; on Linux it swaps 127.0.0.1 for the routable IP unless this is "0"
+# (ray/_private/services.py get_node_ip_address). "0" also makes `ray start` refuse to join a
+# head, so it is set only for Rays that are one node on this machine (docs/platform.md).
+LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_env() -> dict[str, str]:
+    """Set (and return) what makes a local Ray listen on 127.0.0.1 only; a value the user
+    exported (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1``: Ray's default, all interfaces) wins."""
+    os.environ.setdefault(LOOPBACK_VAR, "0")
+    return {LOOPBACK_VAR: os.environ[LOOPBACK_VAR]}
+
+
+def _loopback_in_effect() -> None:
+    # Ray reads the variable once, when first imported: a process that imported Ray before
+    # loopback_env() (a test session, a notebook) gets what the variable now says.
+    from ray._private import ray_constants
+
+    if os.environ.get(LOOPBACK_VAR) == "0":
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def worker_env() -> dict[str, str]:
     """Environment for runtime_env: ours plus the caches and offline flags of this machine."""
     env = dict(ray_env())
@@ -57,8 +82,9 @@ def worker_env() -> dict[str, str]:
 def prepare() -> str | None:
     """Set the environment before ``import ray`` (Ray reads its token settings then): ours,
     and when the warm local Ray of ``geosweep ray start`` runs, its token. Returns that Ray's
-    address (None: no warm Ray)."""
+    address (None: no warm Ray). Either way the Ray is local: loopback only."""
     ray_env()
+    loopback_env()
     from cluster.warm import current, join_env
 
     warm = current()
@@ -77,10 +103,15 @@ def connect(address: str | None = None, num_cpus: float | None = None,
     if not address and num_cpus is None and temp_dir is None:
         address = prepare()
         if address:
-            node = {"_node_ip_address": "127.0.0.1"}  # the warm head binds loopback
+            node = {"_node_ip_address": "127.0.0.1"}  # the warm head listens on loopback
     else:
         ray_env()
+        if not address:
+            loopback_env()
     import ray
+
+    if not address or node:
+        _loopback_in_effect()
 
     if ray.is_initialized():
         return ray.cluster_resources()

@@ -1,0 +1,46 @@
+"""``ray start`` for a node that joins a head on loopback: ``python cluster/ray_loopback.py
+start --address=127.0.0.1:PORT --node-ip-address=127.0.0.1 ...``.
+
+Ray 2.60 decides where a node listens from its node IP: 127.0.0.1 (or ``localhost``/``::1``)
+binds every server of the node (raylet, core workers, dashboard agent and its metrics exporter,
+runtime-env agent) to 127.0.0.1; any other IP binds them to all interfaces. ``ray start``
+turns ``--node-ip-address=127.0.0.1`` and ``--address=127.0.0.1:PORT`` into the machine's
+routable IP (``ray/_private/services.py`` ``resolve_ip_for_localhost``) unless
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, and with that setting it refuses to start a node that
+joins a head. A head is fine with the setting (``cluster.local.loopback_env``); a joining node
+needs this launcher: Ray's own CLI with loopback hosts kept as given (docs/platform.md,
+"Loopback-only Ray"). Nothing here imports geosweep: it runs as a plain script.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def main(argv: list[str]) -> int:
+    # "1" while Ray is imported: `ray start` reads it once, then refuses to join a head on "0"
+    os.environ[VAR] = "1"
+    from ray._private import services
+    from ray.scripts.scripts import main as ray_main
+
+    resolve = services.resolve_ip_for_localhost
+
+    def keep_loopback(host: str) -> str:
+        # Ray's own swaps a loopback host for the routable IP: the node would then listen on
+        # all interfaces and look for the head where the head does not listen
+        return "127.0.0.1" if host in ("127.0.0.1", "localhost") else resolve(host)
+
+    # both callers (the node IP in `ray start`, the bootstrap address through
+    # canonicalize_bootstrap_address) look the function up on the module when they run
+    services.resolve_ip_for_localhost = keep_loopback
+    # the node's processes (raylet, agents, workers) see what a loopback head's see
+    os.environ[VAR] = "0"
+    sys.argv = ["ray", *argv]
+    return ray_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
