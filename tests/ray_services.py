@@ -7,8 +7,10 @@ stop exactly that group and any straggler whose command line names this cluster'
 other users' ``ray.init()`` clusters.
 
 Everything binds 127.0.0.1 unless a host is named; then a warning says that the Ray dashboard /
-Jobs API and the MLflow server accept anyone who can reach them. Tokens are never printed:
-the auth token reaches Ray through the inherited environment only.
+Jobs API and the MLflow server accept anyone who can reach them. A Ray node on 127.0.0.1 listens
+on loopback only, every one of its servers (docs/platform.md, "Loopback-only Ray"): the head
+through ``cluster.local.LOOPBACK_VAR``, a joining node through ``cluster/ray_loopback.py``.
+Tokens are never printed: the auth token reaches Ray through the inherited environment only.
 """
 
 from __future__ import annotations
@@ -30,11 +32,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.local import LOOPBACK_VAR
+
 __all__ = ["RayNode", "MlflowServer", "ray_head", "ray_worker", "mlflow_server", "free_port",
            "is_local_host", "network_warning", "wait_for_nodes"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 _RAY_BIN = str(Path(sys.executable).with_name("ray"))
+# `ray start` on loopback for a node that joins a head (plain `ray start` cannot)
+_LOOPBACK_RAY = [sys.executable, str(Path(__file__).resolve().parents[1] / "cluster"
+                                     / "ray_loopback.py")]
 
 
 def is_local_host(host: str) -> bool:
@@ -120,15 +127,24 @@ def _kill_stragglers(marker: str) -> None:
 
 
 def _start_ray(args: list[str], temp_dir: str, env: dict[str, str] | None,
-               ready: str, timeout: float) -> RayNode:
-    """``ray start --block ARGS``; returns once ``ready`` is in its log."""
+               ready: str, timeout: float, loopback: bool = False) -> RayNode:
+    """``ray start --block ARGS``; returns once ``ready`` is in its log. ``loopback``: every
+    server of the node on 127.0.0.1 (the node IP in ``args`` must be 127.0.0.1)."""
     log = Path(temp_dir) / f"ray-start-{int(time.time() * 1000)}.log"
     fh = open(log, "wb")  # noqa: SIM115 - handed to the child, closed with it
     # Token auth on every node unless the caller chose: a head defaults to it in Ray 2.60 but a
     # joining `ray start` does not, and then fails with InvalidAuthToken.
     penv = _env(env)
     penv.setdefault("RAY_AUTH_MODE", "token")
-    proc = subprocess.Popen([_RAY_BIN, "start", "--block", "--disable-usage-stats", *args],
+    # Ray's default (all interfaces) unless this node is on loopback, whatever this process's
+    # environment holds (an in-process `geosweep run` sets the variable here too)
+    penv.pop(LOOPBACK_VAR, None)
+    ray_cmd = [_RAY_BIN]
+    if loopback and "--head" in args:
+        penv[LOOPBACK_VAR] = "0"
+    elif loopback:
+        ray_cmd = _LOOPBACK_RAY
+    proc = subprocess.Popen([*ray_cmd, "start", "--block", "--disable-usage-stats", *args],
                             stdout=fh, stderr=subprocess.STDOUT, env=penv,
                             start_new_session=True)
     fh.close()
@@ -171,7 +187,8 @@ def ray_head(port: int | None = None, num_cpus: float = 2, dashboard_port: int |
     if resources:
         args.append(f"--resources={json.dumps(resources)}")
     try:
-        node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout)
+        node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout,
+                          loopback=is_local_host(host))
     except BaseException:
         if own_tmp:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -204,10 +221,11 @@ def ray_worker(address: str, num_cpus: float = 1, resources: dict[str, float] | 
     try:
         # One retry: on a loaded machine joining can fail with a GCS deadline (measured once
         # at load average 20 on 2 cores); a fresh `ray start` then succeeds.
+        loopback = is_local_host(node_ip)
         try:
-            node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout)
+            node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout, loopback)
         except RuntimeError:
-            node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout)
+            node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout, loopback)
     except BaseException:
         if own_tmp:
             shutil.rmtree(temp_dir, ignore_errors=True)
