@@ -11,8 +11,9 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["ray_env", "loopback_env", "prepare", "connect", "shutdown", "worker_env",
-           "RayStartError", "LOOPBACK_VAR"]
+from cluster.ray_loopback import loopback_env, loopback_in_effect
+
+__all__ = ["ray_env", "prepare", "connect", "shutdown", "worker_env", "RayStartError"]
 
 
 class RayStartError(RuntimeError):
@@ -43,30 +44,6 @@ def ray_env() -> dict[str, str]:
     for k, v in _ENV.items():
         os.environ.setdefault(k, v)
     return {k: os.environ[k] for k in _ENV}
-
-
-# Ray 2.60 binds every server of a node (GCS, raylet, core workers, dashboard agent and its
-# metrics exporter, runtime-env agent) to 127.0.0.1 when the node IP is loopback and to all
-# interfaces otherwise; on Linux it swaps 127.0.0.1 for the routable IP unless this is "0"
-# (ray/_private/services.py get_node_ip_address). "0" also makes `ray start` refuse to join a
-# head, so it is set only for Rays that are one node on this machine (docs/platform.md).
-LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def loopback_env() -> dict[str, str]:
-    """Set (and return) what makes a local Ray listen on 127.0.0.1 only; a value the user
-    exported (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1``: Ray's default, all interfaces) wins."""
-    os.environ.setdefault(LOOPBACK_VAR, "0")
-    return {LOOPBACK_VAR: os.environ[LOOPBACK_VAR]}
-
-
-def _loopback_in_effect() -> None:
-    # Ray reads the variable once, when first imported: a process that imported Ray before
-    # loopback_env() (a test session, a notebook) gets what the variable now says.
-    from ray._private import ray_constants
-
-    if os.environ.get(LOOPBACK_VAR) == "0":
-        ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def worker_env() -> dict[str, str]:
@@ -111,7 +88,7 @@ def connect(address: str | None = None, num_cpus: float | None = None,
     import ray
 
     if not address or node:
-        _loopback_in_effect()
+        loopback_in_effect()
 
     if ray.is_initialized():
         return ray.cluster_resources()

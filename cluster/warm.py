@@ -2,7 +2,7 @@
 
 Starting Ray costs a sweep ~3-4 s before its first trial and shutting it down ~1-3 s after its
 last; a Ray kept running between sweeps costs neither. ``start`` runs ``ray start --head
---block`` in its own process group, listening on 127.0.0.1 only (``cluster.local.loopback_env``;
+--block`` in its own process group, listening on 127.0.0.1 only (``cluster.ray_loopback``;
 ``--node-ip-address=127.0.0.1`` alone is rewritten to the routable IP), with token auth on
 (Ray 2.60's default for a head; ``RAY_AUTH_MODE=token``) and its own temp dir, and records it
 in a small state file (``~/.geosweep/ray.json``, or ``$GEOSWEEP_RAY_STATE``). ``current``
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.local import LOOPBACK_VAR
+from cluster.ray_loopback import LOOPBACK_VAR
 
 __all__ = ["state_file", "current", "start", "stop", "join_env", "WarmRayError"]
 

@@ -9,7 +9,7 @@ other users' ``ray.init()`` clusters.
 Everything binds 127.0.0.1 unless a host is named; then a warning says that the Ray dashboard /
 Jobs API and the MLflow server accept anyone who can reach them. A Ray node on 127.0.0.1 listens
 on loopback only, every one of its servers (docs/platform.md, "Loopback-only Ray"): the head
-through ``cluster.local.LOOPBACK_VAR``, a joining node through ``cluster/ray_loopback.py``.
+through ``LOOPBACK_VAR``, a joining node through the launcher, both in ``cluster/ray_loopback.py``.
 Tokens are never printed: the auth token reaches Ray through the inherited environment only.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.local import LOOPBACK_VAR
+from cluster.ray_loopback import LOOPBACK_VAR
 
 __all__ = ["RayNode", "MlflowServer", "ray_head", "ray_worker", "mlflow_server", "free_port",
            "is_local_host", "network_warning", "wait_for_nodes"]

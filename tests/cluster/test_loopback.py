@@ -9,6 +9,7 @@ socket reader itself on a socket bound to all interfaces.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from listening import describe, is_loopback, listening, process_tree
 
 from cluster import jobs
-from cluster.local import LOOPBACK_VAR
+from cluster.ray_loopback import LOOPBACK_VAR
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,9 +55,29 @@ def test_reader_sees_a_socket_on_all_interfaces():
     assert not is_loopback("::") and not is_loopback("192.0.2.2")
 
 
+def _run_watching(env: dict[str, str], spec: Path, out: Path,
+                  seen: set[tuple[int, str, str, int]]) -> tuple[int, str]:
+    """``geosweep run SPEC --out OUT``; adds every socket any process of the run listened on
+    while it ran (Ray's workers come and go; the GCS and the raylet live from start to end)."""
+    log = out.with_suffix(".log")
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(spec),
+                                 "--out", str(out)], cwd=ROOT, env=env,
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while proc.poll() is None:
+            seen.update(listening(process_tree(proc.pid)))
+            time.sleep(1.0)  # a scan costs ~0.1 s of CPU: keep it off a loaded machine
+    finally:
+        if proc.poll() is None:  # the test failed or timed out: its whole process group
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+    return proc.returncode, log.read_text(errors="replace")
+
+
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_geosweep_run_starts_a_loopback_only_ray(tmp_path: Path):
     spec = tmp_path / "loopback.yaml"
     spec.write_text(SPEC)
@@ -64,24 +85,14 @@ def test_geosweep_run_starts_a_loopback_only_ray(tmp_path: Path):
                GEOSWEEP_RAY_STATE=str(tmp_path / "no-warm-ray.json"))  # start its own Ray
     env.pop(LOOPBACK_VAR, None)  # geosweep's default, not whatever this process holds
     env.pop("RAY_ADDRESS", None)
-    log = tmp_path / "run.log"
     seen: set[tuple[int, str, str, int]] = set()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(spec),
-                                 "--out", str(tmp_path / "out")], cwd=ROOT, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        # every socket any process of the run listened on while it ran (Ray's workers come
-        # and go; the GCS and the raylet live from start to shutdown)
-        while proc.poll() is None:
-            seen.update(listening(process_tree(proc.pid)))
-            time.sleep(1.0)  # a scan costs ~0.1 s of CPU: keep it off a loaded machine
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(60)
-    text = log.read_text(errors="replace")
-    assert proc.returncode == 0, text[-3000:]
+    # twice at most: a loaded 2-core machine can miss Ray's 30 s raylet start window (seen with
+    # and without loopback: benchmarks/loopback_start.py); the sockets of both tries count
+    for attempt in range(2):
+        rc, text = _run_watching(env, spec, tmp_path / f"out{attempt}", seen)
+        if "could not start a local Ray" not in text:
+            break
+    assert rc == 0, text[-3000:]
     rows = sorted(seen)
     names = {comm for _, comm, _, _ in rows}
     assert {"gcs_server", "raylet"} <= names, describe(rows)
