@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from cluster.ray_loopback import loopback_env, loopback_in_effect
+from cluster.ray_loopback import is_loopback_address, loopback_env, loopback_in_effect
 
 __all__ = ["ray_env", "prepare", "connect", "shutdown", "worker_env", "RayStartError"]
 
@@ -83,11 +83,13 @@ def connect(address: str | None = None, num_cpus: float | None = None,
             node = {"_node_ip_address": "127.0.0.1"}  # the warm head listens on loopback
     else:
         ray_env()
-        if not address:
+        # a Ray on 127.0.0.1 (started here, or a head that listens on loopback only) is
+        # reached at 127.0.0.1: Ray would look for it at the routable IP
+        if not address or is_loopback_address(address):
             loopback_env()
     import ray
 
-    if not address or node:
+    if not address or node or is_loopback_address(address):
         loopback_in_effect()
 
     if ray.is_initialized():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["LOOPBACK_VAR", "loopback_env", "loopback_in_effect", "main"]
+__all__ = ["LOOPBACK_VAR", "loopback_env", "loopback_in_effect", "is_loopback_address", "main"]
 
 # "0": Ray's get_node_ip_address answers 127.0.0.1 (not the routable IP) on Linux too
 LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -40,6 +40,12 @@ def loopback_in_effect() -> None:
 
     if os.environ.get(LOOPBACK_VAR) == "0":
         ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def is_loopback_address(address: str) -> bool:
+    """``127.0.0.1:PORT`` / ``localhost:PORT`` (a GCS address on this machine)."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host in ("127.0.0.1", "localhost")
 
 
 def main(argv: list[str]) -> int:

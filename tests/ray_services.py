@@ -128,8 +128,9 @@ def _kill_stragglers(marker: str) -> None:
 
 def _start_ray(args: list[str], temp_dir: str, env: dict[str, str] | None,
                ready: str, timeout: float, loopback: bool = False) -> RayNode:
-    """``ray start --block ARGS``; returns once ``ready`` is in its log. ``loopback``: every
-    server of the node on 127.0.0.1 (the node IP in ``args`` must be 127.0.0.1)."""
+    """``ray start --block ARGS``; returns once ``ready`` is in its log. ``loopback``: a head
+    with every server on 127.0.0.1, or a node joining a head on 127.0.0.1 (plain ``ray start``
+    would look for that head at the routable IP)."""
     log = Path(temp_dir) / f"ray-start-{int(time.time() * 1000)}.log"
     fh = open(log, "wb")  # noqa: SIM115 - handed to the child, closed with it
     # Token auth on every node unless the caller chose: a head defaults to it in Ray 2.60 but a
@@ -166,7 +167,9 @@ def ray_head(port: int | None = None, num_cpus: float = 2, dashboard_port: int |
              host: str = "127.0.0.1", resources: dict[str, float] | None = None,
              temp_dir: str | None = None, env: dict[str, str] | None = None,
              timeout: float = 180.0, wait_dashboard: bool = True) -> Iterator[RayNode]:
-    """A Ray head with the dashboard (Jobs API) on ``host:dashboard_port``.
+    """A Ray head with the dashboard (Jobs API) on ``host:dashboard_port``. On 127.0.0.1 it
+    listens on loopback only, and while it runs this process's environment says so to the
+    Ray clients it starts (``_clients_reach_loopback``).
 
     ``wait_dashboard=False`` yields once ``ray start`` reports the runtime started, without
     waiting for the dashboard to answer (``wait_for_nodes`` polls it). A node joining before
@@ -199,11 +202,29 @@ def ray_head(port: int | None = None, num_cpus: float = 2, dashboard_port: int |
     try:
         if wait_dashboard:
             _wait_http(node.dashboard_url + "/api/version", timeout, node.proc)
-        yield node
+        with _clients_reach_loopback(is_local_host(host)):
+            yield node
     finally:
         node.stop()
         if own_tmp:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _clients_reach_loopback(on: bool) -> Iterator[None]:
+    """While a loopback head runs, the processes this one starts (``geosweep run --address``,
+    Ray's state API) keep its 127.0.0.1 address as given: Ray would swap it for the routable IP,
+    where the head does not listen (docs/platform.md, "Loopback-only Ray")."""
+    old = os.environ.get(LOOPBACK_VAR)
+    if on:
+        os.environ[LOOPBACK_VAR] = "0"
+    try:
+        yield
+    finally:
+        if on and old is None:
+            os.environ.pop(LOOPBACK_VAR, None)
+        elif on:
+            os.environ[LOOPBACK_VAR] = old
 
 
 @contextlib.contextmanager
@@ -221,7 +242,7 @@ def ray_worker(address: str, num_cpus: float = 1, resources: dict[str, float] | 
     try:
         # One retry: on a loaded machine joining can fail with a GCS deadline (measured once
         # at load average 20 on 2 cores); a fresh `ray start` then succeeds.
-        loopback = is_local_host(node_ip)
+        loopback = is_local_host(node_ip) or is_local_host(address.rsplit(":", 1)[0])
         try:
             node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout, loopback)
         except RuntimeError:
