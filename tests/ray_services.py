@@ -137,6 +137,9 @@ def _start_ray(args: list[str], temp_dir: str, env: dict[str, str] | None,
     # joining `ray start` does not, and then fails with InvalidAuthToken.
     penv = _env(env)
     penv.setdefault("RAY_AUTH_MODE", "token")
+    # Ray gives the dashboard 60 s to come up; on 2 cores at load 60 its imports alone took
+    # longer (no dashboard.log yet) and `ray start --head` failed
+    penv.setdefault("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "300")
     # Ray's default (all interfaces) unless this node is on loopback, whatever this process's
     # environment holds (an in-process `geosweep run` sets the variable here too)
     penv.pop(LOOPBACK_VAR, None)

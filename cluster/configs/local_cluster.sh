@@ -41,6 +41,9 @@ else
   NODE2_IP="${NODE2_IP:-$HOST}"
 fi
 export RAY_USAGE_STATS_ENABLED=0
+# Ray gives the head's dashboard 60 s to come up, which a loaded machine can miss (its imports
+# alone took longer on 2 busy cores)
+export RAY_DASHBOARD_STARTUP_TIMEOUT_S="${RAY_DASHBOARD_STARTUP_TIMEOUT_S:-300}"
 # Token auth for head AND node2 (a joining `ray start` does not default to it); the token is
 # ~/.ray/auth_token, created by the head's `ray start` if missing.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"

@@ -2,10 +2,10 @@
 
 Head (1 CPU, dashboard/Jobs API on 127.0.0.1) + a second node (1 CPU, custom resource
 ``node2``; both nodes on 127.0.0.1, loopback only, told apart in the trials table by node id)
-+ a lean MLflow server, all with Ray token auth on and a test-only token (``~/.ray/auth_token`` is never read or
-written). Two sweeps run at once, one pinned to each node through the spec's
-``resources.custom``. Every process is stopped by its own handle (context managers); a bare
-``ray stop`` is never used.
++ a lean MLflow server, all with Ray token auth on and a test-only token
+(``~/.ray/auth_token`` is never read or written). Two sweeps run at once, one pinned to each
+node through the spec's ``resources.custom``. Every process is stopped by its own handle
+(context managers); a bare ``ray stop`` is never used.
 """
 
 from __future__ import annotations
