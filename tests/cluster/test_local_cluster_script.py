@@ -69,7 +69,7 @@ def test_start_submit_quickstart_wait_stop(tmp_path: Path):
         assert len(tmps) == 2 and tmps[0] != tmps[1]
         assert f"using {Path(sys.executable).parent / 'ray'}" in started.stdout
         rows = _ray_sockets(state)
-        assert sum(comm == "raylet" for _, comm, _, _ in rows) == 2, describe(rows)
+        assert len({pid for pid, comm, _, _ in rows if comm == "raylet"}) == 2, describe(rows)
         assert {ray_port, dash, client, agent1, agent2} <= {p for *_, p in rows}, describe(rows)
         assert all(is_loopback(host) for _, _, host, _ in rows), describe(rows)
 
