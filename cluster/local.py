@@ -2,7 +2,7 @@
 
 Facts this encodes (docs/platform.md): usage stats off (no network), a fast Ray Train
 health-check poll (``ray.train.report`` otherwise waits ~2 s per report), Ray's log noise
-quieted, temp files in a folder we choose.
+quieted, temp files in a folder we choose, and a local Ray that listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
+
+from cluster.ray_loopback import is_loopback_address, loopback_env, loopback_in_effect
 
 __all__ = ["ray_env", "prepare", "connect", "shutdown", "worker_env", "RayStartError"]
 
@@ -57,8 +59,9 @@ def worker_env() -> dict[str, str]:
 def prepare() -> str | None:
     """Set the environment before ``import ray`` (Ray reads its token settings then): ours,
     and when the warm local Ray of ``geosweep ray start`` runs, its token. Returns that Ray's
-    address (None: no warm Ray)."""
+    address (None: no warm Ray). Either way the Ray is local: loopback only."""
     ray_env()
+    loopback_env()
     from cluster.warm import current, join_env
 
     warm = current()
@@ -77,10 +80,17 @@ def connect(address: str | None = None, num_cpus: float | None = None,
     if not address and num_cpus is None and temp_dir is None:
         address = prepare()
         if address:
-            node = {"_node_ip_address": "127.0.0.1"}  # the warm head binds loopback
+            node = {"_node_ip_address": "127.0.0.1"}  # the warm head listens on loopback
     else:
         ray_env()
+        # a Ray on 127.0.0.1 (started here, or a head that listens on loopback only) is
+        # reached at 127.0.0.1: Ray would look for it at the routable IP
+        if not address or is_loopback_address(address):
+            loopback_env()
     import ray
+
+    if not address or node or is_loopback_address(address):
+        loopback_in_effect()
 
     if ray.is_initialized():
         return ray.cluster_resources()

@@ -2,12 +2,14 @@
 
 Starting Ray costs a sweep ~3-4 s before its first trial and shutting it down ~1-3 s after its
 last; a Ray kept running between sweeps costs neither. ``start`` runs ``ray start --head
---block`` in its own process group, on 127.0.0.1 only, with token auth on (Ray 2.60's default
-for a head; ``RAY_AUTH_MODE=token``) and its own temp dir, and records it in a small state file
-(``~/.geosweep/ray.json``, or ``$GEOSWEEP_RAY_STATE``). ``current`` returns that record while
-the Ray is alive (its process runs and its GCS port answers), so ``cluster.local.connect``
-joins it when no address is given. ``stop`` ends exactly that process group (and stragglers
-naming its temp dir); never a bare ``ray stop``, which ends every Ray on the machine.
+--block`` in its own process group, listening on 127.0.0.1 only (``cluster.ray_loopback``;
+``--node-ip-address=127.0.0.1`` alone is rewritten to the routable IP), with token auth on
+(Ray 2.60's default for a head; ``RAY_AUTH_MODE=token``) and its own temp dir, and records it
+in a small state file (``~/.geosweep/ray.json``, or ``$GEOSWEEP_RAY_STATE``). ``current``
+returns that record while the Ray is alive (its process runs and its GCS port answers), so
+``cluster.local.connect`` joins it when no address is given. ``stop`` ends exactly that process
+group (and stragglers naming its temp dir); never a bare ``ray stop``, which ends every Ray on
+the machine.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from cluster.ray_loopback import LOOPBACK_VAR
 
 __all__ = ["state_file", "current", "start", "stop", "join_env", "WarmRayError"]
 
@@ -114,6 +118,7 @@ def start(num_cpus: int | None = None, port: int | None = None, timeout: float =
     log = Path(temp_dir) / "ray-start.log"
     env = dict(os.environ)
     env.update(extra)
+    env.setdefault(LOOPBACK_VAR, "0")  # every server of this one-node Ray on 127.0.0.1
     env.pop("RAY_AUTH_TOKEN", None)
     env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(_new_token())})
     # jobs started through this Ray find this Python's tools first

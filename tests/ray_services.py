@@ -7,8 +7,10 @@ stop exactly that group and any straggler whose command line names this cluster'
 other users' ``ray.init()`` clusters.
 
 Everything binds 127.0.0.1 unless a host is named; then a warning says that the Ray dashboard /
-Jobs API and the MLflow server accept anyone who can reach them. Tokens are never printed:
-the auth token reaches Ray through the inherited environment only.
+Jobs API and the MLflow server accept anyone who can reach them. A Ray node on 127.0.0.1 listens
+on loopback only, every one of its servers (docs/platform.md, "Loopback-only Ray"): the head
+through ``LOOPBACK_VAR``, a joining node through the launcher, both in ``cluster/ray_loopback.py``.
+Tokens are never printed: the auth token reaches Ray through the inherited environment only.
 """
 
 from __future__ import annotations
@@ -30,11 +32,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.ray_loopback import LOOPBACK_VAR
+
 __all__ = ["RayNode", "MlflowServer", "ray_head", "ray_worker", "mlflow_server", "free_port",
            "is_local_host", "network_warning", "wait_for_nodes"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 _RAY_BIN = str(Path(sys.executable).with_name("ray"))
+# `ray start` on loopback for a node that joins a head (plain `ray start` cannot)
+_LOOPBACK_RAY = [sys.executable, str(Path(__file__).resolve().parents[1] / "cluster"
+                                     / "ray_loopback.py")]
 
 
 def is_local_host(host: str) -> bool:
@@ -120,15 +127,28 @@ def _kill_stragglers(marker: str) -> None:
 
 
 def _start_ray(args: list[str], temp_dir: str, env: dict[str, str] | None,
-               ready: str, timeout: float) -> RayNode:
-    """``ray start --block ARGS``; returns once ``ready`` is in its log."""
+               ready: str, timeout: float, loopback: bool = False) -> RayNode:
+    """``ray start --block ARGS``; returns once ``ready`` is in its log. ``loopback``: a head
+    with every server on 127.0.0.1, or a node joining a head on 127.0.0.1 (plain ``ray start``
+    would look for that head at the routable IP)."""
     log = Path(temp_dir) / f"ray-start-{int(time.time() * 1000)}.log"
     fh = open(log, "wb")  # noqa: SIM115 - handed to the child, closed with it
     # Token auth on every node unless the caller chose: a head defaults to it in Ray 2.60 but a
     # joining `ray start` does not, and then fails with InvalidAuthToken.
     penv = _env(env)
     penv.setdefault("RAY_AUTH_MODE", "token")
-    proc = subprocess.Popen([_RAY_BIN, "start", "--block", "--disable-usage-stats", *args],
+    # Ray gives the dashboard 60 s to come up; on 2 cores at load 60 its imports alone took
+    # longer (no dashboard.log yet) and `ray start --head` failed
+    penv.setdefault("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "300")
+    # Ray's default (all interfaces) unless this node is on loopback, whatever this process's
+    # environment holds (an in-process `geosweep run` sets the variable here too)
+    penv.pop(LOOPBACK_VAR, None)
+    ray_cmd = [_RAY_BIN]
+    if loopback and "--head" in args:
+        penv[LOOPBACK_VAR] = "0"
+    elif loopback:
+        ray_cmd = _LOOPBACK_RAY
+    proc = subprocess.Popen([*ray_cmd, "start", "--block", "--disable-usage-stats", *args],
                             stdout=fh, stderr=subprocess.STDOUT, env=penv,
                             start_new_session=True)
     fh.close()
@@ -150,7 +170,9 @@ def ray_head(port: int | None = None, num_cpus: float = 2, dashboard_port: int |
              host: str = "127.0.0.1", resources: dict[str, float] | None = None,
              temp_dir: str | None = None, env: dict[str, str] | None = None,
              timeout: float = 180.0, wait_dashboard: bool = True) -> Iterator[RayNode]:
-    """A Ray head with the dashboard (Jobs API) on ``host:dashboard_port``.
+    """A Ray head with the dashboard (Jobs API) on ``host:dashboard_port``. On 127.0.0.1 it
+    listens on loopback only, and while it runs this process's environment says so to the
+    Ray clients it starts (``_clients_reach_loopback``).
 
     ``wait_dashboard=False`` yields once ``ray start`` reports the runtime started, without
     waiting for the dashboard to answer (``wait_for_nodes`` polls it). A node joining before
@@ -171,7 +193,8 @@ def ray_head(port: int | None = None, num_cpus: float = 2, dashboard_port: int |
     if resources:
         args.append(f"--resources={json.dumps(resources)}")
     try:
-        node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout)
+        node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout,
+                          loopback=is_local_host(host))
     except BaseException:
         if own_tmp:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -182,11 +205,29 @@ def ray_head(port: int | None = None, num_cpus: float = 2, dashboard_port: int |
     try:
         if wait_dashboard:
             _wait_http(node.dashboard_url + "/api/version", timeout, node.proc)
-        yield node
+        with _clients_reach_loopback(is_local_host(host)):
+            yield node
     finally:
         node.stop()
         if own_tmp:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _clients_reach_loopback(on: bool) -> Iterator[None]:
+    """While a loopback head runs, the processes this one starts (``geosweep run --address``,
+    Ray's state API) keep its 127.0.0.1 address as given: Ray would swap it for the routable IP,
+    where the head does not listen (docs/platform.md, "Loopback-only Ray")."""
+    old = os.environ.get(LOOPBACK_VAR)
+    if on:
+        os.environ[LOOPBACK_VAR] = "0"
+    try:
+        yield
+    finally:
+        if on and old is None:
+            os.environ.pop(LOOPBACK_VAR, None)
+        elif on:
+            os.environ[LOOPBACK_VAR] = old
 
 
 @contextlib.contextmanager
@@ -204,10 +245,11 @@ def ray_worker(address: str, num_cpus: float = 1, resources: dict[str, float] | 
     try:
         # One retry: on a loaded machine joining can fail with a GCS deadline (measured once
         # at load average 20 on 2 cores); a fresh `ray start` then succeeds.
+        loopback = is_local_host(node_ip) or is_local_host(address.rsplit(":", 1)[0])
         try:
-            node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout)
+            node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout, loopback)
         except RuntimeError:
-            node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout)
+            node = _start_ray(args, temp_dir, env, "Ray runtime started", timeout, loopback)
     except BaseException:
         if own_tmp:
             shutil.rmtree(temp_dir, ignore_errors=True)

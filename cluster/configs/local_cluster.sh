@@ -7,13 +7,17 @@
 #
 # Settings (environment): HOST (127.0.0.1), RAY_PORT (6390), DASHBOARD_PORT (8265),
 # MLFLOW_PORT (5055), GEOSWEEP_PY (the venv's python; default: $VIRTUAL_ENV, then the
-# checkout's .venv, then PATH; ray is taken from the same folder), CLIENT_PORT (10001), HEAD_AGENT_PORT/NODE2_AGENT_PORT (52365/52366; ports
-# must stay outside Ray's worker range 10002-19999), HEAD_CPUS (2), NODE2_CPUS (1), NODE2_IP (127.0.0.2 on loopback, so the
-# trials table tells the nodes apart; else HOST), STATE (~/.geosweep-local: logs, pid files,
-# the MLflow store, sweep results). Everything binds 127.0.0.1 unless HOST names another
-# address; then the Ray dashboard/Jobs API and MLflow are reachable from the network and this
-# script warns. Ray token auth stays on (Ray 2.60's default): `ray start` keeps the token in
-# ~/.ray/auth_token, where `geosweep submit` finds it; the token is never printed.
+# checkout's .venv, then PATH; ray is taken from the same folder), CLIENT_PORT (10001),
+# HEAD_AGENT_PORT/NODE2_AGENT_PORT (52365/52366; ports must stay outside Ray's worker range
+# 10002-19999), HEAD_CPUS (2), NODE2_CPUS (1), NODE2_IP (only when HOST is not loopback; default
+# HOST), STATE (~/.geosweep-local: logs, pid files, the MLflow store, sweep results).
+# On HOST=127.0.0.1 (the default) every server of both Ray nodes, the dashboard/Jobs API and
+# MLflow listen on 127.0.0.1 only (docs/cluster.md, "What listens where"): the head with
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, node2 through cluster/ray_loopback.py (plain `ray start`
+# moves a joining node to the routable IP). Another HOST exposes the Ray dashboard/Jobs API and
+# MLflow to the network, and this script warns. Ray token auth stays on (Ray 2.60's default):
+# `ray start` keeps the token in ~/.ray/auth_token, where `geosweep submit` finds it; the token
+# is never printed.
 # Each service runs in its own process group (setsid); `stop` signals those groups only, so
 # other Ray clusters on this machine (e.g. other users' ray.init()) are left alone.
 set -euo pipefail
@@ -28,13 +32,18 @@ CLIENT_PORT="${CLIENT_PORT:-10001}"
 HEAD_AGENT_PORT="${HEAD_AGENT_PORT:-52365}"
 NODE2_AGENT_PORT="${NODE2_AGENT_PORT:-52366}"
 STATE="${STATE:-$HOME/.geosweep-local}"
+LOOPBACK_VAR=RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+unset "$LOOPBACK_VAR"  # set per node below: loopback only, or Ray's default
 if [ "$HOST" = "127.0.0.1" ] || [ "$HOST" = "localhost" ]; then
   HOST=127.0.0.1
-  NODE2_IP="${NODE2_IP:-127.0.0.2}"
+  NODE2_IP=127.0.0.1
 else
   NODE2_IP="${NODE2_IP:-$HOST}"
 fi
 export RAY_USAGE_STATS_ENABLED=0
+# Ray gives the head's dashboard 60 s to come up, which a loaded machine can miss (its imports
+# alone took longer on 2 busy cores)
+export RAY_DASHBOARD_STARTUP_TIMEOUT_S="${RAY_DASHBOARD_STARTUP_TIMEOUT_S:-300}"
 # Token auth for head AND node2 (a joining `ray start` does not default to it); the token is
 # ~/.ray/auth_token, created by the head's `ray start` if missing.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
@@ -127,13 +136,23 @@ start() {
   log "using $RAY and $PY"
   # the job's entrypoint (`python -m orchestrator.cli run ...`) is resolved on the raylet's PATH
   PATH="$(dirname "$PY"):$PATH"; export PATH
-  start_node head "$RAY" start --block --head --port="$RAY_PORT" --num-cpus="$HEAD_CPUS" \
+  # On loopback: the head with Ray's own switch (it also makes `ray start` refuse to join a
+  # head), node2 through our launcher of Ray's CLI that keeps 127.0.0.1 as given.
+  # Elsewhere Ray's Linux default ("1": node IP as given, servers on all interfaces).
+  local loopback=1 node2_ray=("$RAY")
+  if [ "$HOST" = "127.0.0.1" ]; then
+    loopback=0
+    node2_ray=("$PY" "$SCRIPT_DIR/../ray_loopback.py")
+  fi
+  start_node head env "$LOOPBACK_VAR=$loopback" "$RAY" start --block --head --port="$RAY_PORT" \
+    --num-cpus="$HEAD_CPUS" \
     --node-ip-address="$HOST" --dashboard-host="$HOST" --dashboard-port="$DASHBOARD_PORT" \
     --dashboard-agent-listen-port="$HEAD_AGENT_PORT" --ray-client-server-port="$CLIENT_PORT" \
     --temp-dir="$tmp" --disable-usage-stats
   # one at a time: Ray gives a raylet 30 s to register, which a loaded machine that is also
   # importing MLflow can miss
-  start_node node2 "$RAY" start --block --address="$HOST:$RAY_PORT" --num-cpus="$NODE2_CPUS" \
+  start_node node2 env "$LOOPBACK_VAR=1" "${node2_ray[@]}" start --block \
+    --address="$HOST:$RAY_PORT" --num-cpus="$NODE2_CPUS" \
     --resources='{"node2": 1}' --node-ip-address="$NODE2_IP" \
     --dashboard-agent-listen-port="$NODE2_AGENT_PORT" --temp-dir="$tmp2" --disable-usage-stats
   launch mlflow env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$PY" -m mlflow server \

@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from listening import describe, is_loopback, listening, process_tree
 
 from cluster import warm
 
@@ -44,6 +45,10 @@ def test_start_join_status_stop(state, capsys):
         assert warm.current()["pid"] == rec["pid"]
         assert "already running" in capsys.readouterr().out
         assert ocli.main(["ray", "status"]) == 0
+        # every server of the warm Ray on loopback (issue 15 section 6; test_loopback.py)
+        rows = listening(process_tree(rec["pid"]))
+        assert {"gcs_server", "raylet"} <= {comm for _, comm, _, _ in rows}, describe(rows)
+        assert all(is_loopback(host) for _, _, host, _ in rows), describe(rows)
     finally:
         assert ocli.main(["ray", "stop"]) == 0
     assert warm.current() is None and not state.exists()
