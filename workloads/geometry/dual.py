@@ -105,7 +105,7 @@ def dual_ascent(
     lr: float = 0.1,
     tol: float = 1e-6,
     msign_fn: MsignFn = msign,
-    cg_iters: int = 5,
+    cg_iters: int = 30,
     smooth: float = 0.0,
     L0: torch.Tensor | None = None,
 ) -> DualResult:

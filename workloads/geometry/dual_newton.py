@@ -29,6 +29,7 @@ __all__ = ["GramProblem", "newton_solve", "off", "identity"]
 
 Projector = Callable[[torch.Tensor], torch.Tensor]
 _F64, _F32 = torch.float64, torch.float32
+ETA_MIN, ETA_MAX = 1e-3, 0.1  # the CG forcing term's range (see _newton_direction)
 
 
 def identity(M: torch.Tensor) -> torch.Tensor:
@@ -125,10 +126,11 @@ def _newton_direction(pb: GramProblem, st: dict, cg_iters: int) -> torch.Tensor:
     D = torch.zeros_like(R)
     Z = Pb(pre * R)
     Pd, rz = Z, _dot(R, Z)
-    # Inexact Newton (Eisenstat-Walker forcing): solve to a relative residual eta =
-    # min(0.1, sqrt(res)), enough for a superlinear rate; also where fp32 CG still holds
-    # (it loses conjugacy past ~1e-5). A solved matrix stops moving; all solved, CG stops.
-    eta = st["res"].to(_F32).sqrt().clamp(1e-3, 0.1)[..., None, None]
+    # Inexact Newton: solve to a relative residual eta = clamp(10 res, 1e-3, 0.1), a forcing
+    # term that shrinks with the residual (Eisenstat-Walker; quadratic-like rate near the
+    # solution), and never below 1e-3, where fp32 CG still holds (it loses conjugacy past
+    # ~1e-5). A solved matrix stops moving; all solved, CG stops.
+    eta = (10.0 * st["res"].to(_F32)).clamp(ETA_MIN, ETA_MAX)[..., None, None]
     stop = rz * eta * eta
     for _ in range(cg_iters):
         if not bool((rz > stop).any()):

@@ -41,7 +41,7 @@ class DualOptions:
     tol: float = 1e-6
     smooth: float = 1e-3
     msign_method: str = "polar_express"
-    cg_iters: int = 5
+    cg_iters: int = 30
 
 
 def _fast_msign(W: torch.Tensor) -> str:

@@ -98,7 +98,8 @@ def polar_near(W: torch.Tensor, tol: float = 1e-7) -> torch.Tensor:
     """Polar factor of W (..., m, n), any orientation, by coupled Newton-Schulz on the small
     Gram N = W^T W from Z = I (Z -> N^{-1/2}); quadratic while ||N - I||_2 < 1, so a step of
     size eta from the manifold (||N - I|| ~ eta^2 + the previous retraction's error) needs 2-4
-    iterations. Farther away (or with non-finite entries) the fp64 Gram eigh (``msign_gram``).
+    iterations. Farther away (or with non-finite entries) the SVD: an fp32 Gram would square an
+    arbitrary matrix's condition number.
     """
     wide = W.shape[-2] < W.shape[-1]
     X = W.mT if wide else W
@@ -107,7 +108,7 @@ def polar_near(W: torch.Tensor, tol: float = 1e-7) -> torch.Tensor:
     N = X.mT @ X
     err = float(torch.linalg.matrix_norm(N - eye).max())  # >= ||N - I||_2; one host sync
     if not err < 0.5:
-        return msign(W, method="gram")
+        return msign(W, method="svd")
     eps = max(tol, 4 * torch.finfo(X.dtype).eps)
     # Y_k -> N^{1/2}, Z_k -> N^{-1/2}; the error squares each iteration: e_k ~ err^(2^k)
     iters = max(1, math.ceil(math.log2(math.log(eps) / math.log(max(err, 1e-300)))) + 1) \

@@ -65,7 +65,7 @@ def manifold_muon_step(
     dual_method: str = "newton",
     dual_smooth: float = 1e-3,
     warm: dict | None = None,
-    dual_cg_iters: int = 5,
+    dual_cg_iters: int = 30,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Manifold Muon step for W, G (..., m, n), any orientation (wide ones go tall inside).
 
@@ -117,7 +117,7 @@ class Muon(torch.optim.Optimizer):
         dgram_retraction: str = "paper_svd_sorted",
         dual_method: str = "newton",
         dual_smooth: float = 1e-3,
-        dual_cg_iters: int = 5,
+        dual_cg_iters: int = 30,
     ) -> None:
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, momentum_form=momentum_form,
