@@ -11,6 +11,7 @@ import torch
 from workloads.config import ManifoldConfig
 from workloads.geometry.dgram import off
 from workloads.geometry.dual import dual_ascent, gram_msign, identity
+from workloads.geometry.dual_newton import GramProblem
 from workloads.geometry.manifolds import MANIFOLDS, DualOptions, get_manifold
 from workloads.geometry.msign import msign
 from workloads.optim import CONSTRAINTS
@@ -36,6 +37,10 @@ def reference(G, W, P):
     Wf = W / W.norm(dim=-2, keepdim=True)
     r = dual_ascent(G, Wf, P, "newton", steps=200, tol=1e-12, smooth=0.0, cg_iters=30)
     assert float(r.residual.max()) < 1e-11
+    # independent of the Gram algebra: A is the SVD polar factor of G + 2 W~ L and tangent
+    X = G / torch.linalg.matrix_norm(G)[..., None, None] + 2.0 * Wf @ r.L
+    assert rel(r.A, msign(X, method="svd")) < 1e-9
+    assert float(torch.linalg.matrix_norm(P(Wf.mT @ r.A + r.A.mT @ Wf)).max()) < 1e-9
     return r.A
 
 
@@ -151,3 +156,24 @@ def test_warm_start_ignored_for_square_and_shape_change():
     G, W = problem(40, 10, 15, False)
     r = dual_ascent(G, W, identity, L0=torch.zeros(12, 12, dtype=F64))
     assert float(r.residual) < 1e-6
+
+
+def test_fp32_inputs_meet_tol_like_fp64():
+    """fp32 G, W (the optimizer's case): the Grams are formed in fp64, so the same passes and
+    the reference direction to fp32 round-off (fp32 Grams would leave ~1e-5)."""
+    G, W = problem(96, 24, 24, False)
+    ref = reference(G, W, identity)
+    r32 = MANIFOLDS["stiefel"].dualize(G.float(), W.float(), DualOptions(smooth=0.0))
+    assert r32.A.dtype == torch.float32 and float(r32.residual) < 1e-6
+    assert rel(r32.A.double(), ref) < 1e-5
+
+
+def test_square_stiefel_off_manifold_falls_back_to_smoothed_newton():
+    G, W = problem(24, 24, 25, False)
+    r = dual_ascent(G, W, identity, smooth=1e-3)
+    assert float(r.residual) < 1e-9 and int(r.passes) == 1  # on the manifold: exact pass
+    W2 = W * torch.linspace(0.5, 1.5, 24, dtype=F64)  # columns rescaled: off Stiefel
+    pb = GramProblem(G / G.norm(), W2, identity, 1e-3)
+    first = float(pb.state(-0.25 * (pb.G1 + pb.G1.mT))["res"])  # the cold start
+    r2 = dual_ascent(G, W2, identity, smooth=1e-3)  # the closed form does not hold: Newton
+    assert int(r2.passes) > 1 and float(r2.residual) < first

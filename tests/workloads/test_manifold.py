@@ -202,3 +202,29 @@ def test_muon_warm_starts_the_dual_from_its_state(constraint):
     opt.step()
     assert int(opt.state[p]["dual_passes"]) < cold
     assert float(opt.state[p]["dual_residual"]) < 1e-6
+
+
+@pytest.mark.parametrize("eta", [1e-4, 1e-2, 0.3, 3.0])
+def test_polar_near_is_the_polar_factor(eta):
+    """The CPU retraction: coupled Newton-Schulz on the Gram near the manifold, the fp64 Gram
+    eigh far from it; both equal the SVD polar factor, in either orientation."""
+    from workloads.geometry.stiefel import polar_near
+
+    W = on_stiefel(80, 20, seed=20)
+    W1 = W - eta * torch.randn(80, 20, dtype=F64, generator=gen(21)) / 9
+    ref = stiefel_retract(W1, "svd")
+    assert float((polar_near(W1) - ref).abs().max()) < 1e-12
+    assert float((polar_near(W1.mT).mT - ref).abs().max()) < 1e-12
+    P32 = polar_near(W1.float())
+    assert P32.dtype == torch.float32 and float((P32.double() - ref).abs().max()) < 1e-5
+    assert float(stiefel_violation(stiefel_retract(W1.float(), "gram").double())) < 1e-5
+
+
+def test_gram_retractions_match_svd_ones():
+    """paper_svd_sorted via the Gram (U V^T diag(sorted s)) equals the tall-SVD formula."""
+    W, _ = on_dgram(48, 16, seed=22)
+    W1 = W - 0.05 * torch.randn(48, 16, dtype=F64, generator=gen(23))
+    U, S, Vh = torch.linalg.svd(W1, full_matrices=False)
+    assert torch.allclose(dgram_retract(W1, "paper_svd_sorted"), (U @ Vh) * S, atol=1e-12)
+    assert torch.allclose(dgram_retract(W1, "colnorm_polar", "gram"),
+                          dgram_retract(W1, "colnorm_polar", "svd"), atol=1e-12)

@@ -108,3 +108,15 @@ def test_coefficient_table():
 def test_unknown_method_is_one_line_error():
     with pytest.raises(ValueError, match="not one of"):
         msign(torch.randn(3, 3), method="newton")
+
+
+def test_gram_method_is_exact_and_cheap_side_independent():
+    """``gram``: one fp64 eigh of the small Gram, the polar factor to fp64 for fp64 input and to
+    fp32 round-off for a well-conditioned fp32 one, either orientation, any column scaling."""
+    X = torch.randn(3, 64, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    assert rel_err(msign(X, method="gram"), polar_ref(X)) < 1e-12
+    assert rel_err(msign(X.mT, method="gram"), polar_ref(X).mT) < 1e-12
+    graded = X * torch.logspace(-2, 2, 24, dtype=torch.float64)  # DGram-like column norms
+    assert rel_err(msign(graded, method="gram"), polar_ref(graded)) < 1e-8
+    Xf = well_conditioned(256, 64)
+    assert rel_err(msign(Xf, method="gram"), polar_ref(Xf)) < 1e-5

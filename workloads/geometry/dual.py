@@ -19,13 +19,15 @@ Three methods (``DUAL_METHODS``):
   ~1e-4, not 1e-6, in 20 passes.
 - ``newton`` (default): f is smooth where G + 2 W Lambda has full column rank, and every
   quantity it needs is n x n: with X = G + 2 W Lambda, X^T X = G^T G + 2(G1^T L + L G1)
-  + 4 L M L (G1 = W^T G, M = W^T W) and msign(X) = X (X^T X)^{-1/2}. One fp64 eigh of X^T X per
-  pass gives f, H and exact Hessian-vector products (Daleckii-Krein), so each pass is a Newton
-  step (a few CG iterations, preconditioned by the frozen-(X^T X) Lyapunov map) with an Armijo
-  backtrack on f. Quadratic convergence: tol 1e-6 in a handful of passes, where a plain
-  gradient step cannot get there in 20 (its rate is set by sigma_min / sigma_max of X, which is
-  ~1e-2 for low-rank gradients). msign here is exact (to fp64), which a tol of 1e-6 needs: the
-  fp32 Polar Express error alone is ~1e-3.
+  + 4 L M L (G1 = W^T G, M = W^T W) and msign(X) = X (X^T X)^{-1/2}. The three Gram products
+  are made once; a pass is then one fp64 eigh of an n x n matrix, which gives f, H and exact
+  Hessian-vector products (Daleckii-Krein), so each pass is a Newton step (fp32 CG in the
+  eigenbasis, preconditioned by the frozen-(X^T X) Lyapunov map) with an Armijo backtrack on f
+  (``workloads.geometry.dual_newton``). Quadratic convergence: tol 1e-6 in a handful of passes
+  (one or two from a warm start), where a plain gradient step cannot get there in 20 (its rate
+  is set by sigma_min / sigma_max of X, ~1e-2 for low-rank gradients). msign here is exact (to
+  fp64), which a tol of 1e-6 needs: the fp32 Polar Express error alone is ~1e-3. Only the
+  final A = G Q + W (2 Lambda Q) touches the tall matrices again.
 
 Every method works on a batch (..., m, n); ``passes`` counts msign/eigh evaluations of the loop.
 """
@@ -37,19 +39,15 @@ from dataclasses import dataclass
 
 import torch
 
+from workloads.geometry.dual_newton import GramProblem, eig_sqrt, identity, newton_solve, off
 from workloads.geometry.msign import msign
 
-__all__ = ["DUAL_METHODS", "DualResult", "dual_ascent", "gram_msign", "identity"]
+__all__ = ["DUAL_METHODS", "DualResult", "dual_ascent", "gram_msign", "identity", "off"]
 
 Projector = Callable[[torch.Tensor], torch.Tensor]
 MsignFn = Callable[[torch.Tensor], torch.Tensor]
 DUAL_METHODS = ("newton", "relative", "absolute")
 _F64 = torch.float64
-
-
-def identity(M: torch.Tensor) -> torch.Tensor:
-    """The Stiefel projector: every symmetric multiplier is allowed."""
-    return M
 
 
 def _sym(M: torch.Tensor) -> torch.Tensor:
@@ -76,124 +74,9 @@ def gram_msign(X: torch.Tensor) -> torch.Tensor:
     ``n eps sigma_max`` (squared: the Gram squares the condition number) map to 0.
     """
     Xd = X.to(_F64)
-    s, V = _eigs(Xd.mT @ Xd)
-    return (Xd @ _apply(V, _inv(s))).to(X.dtype)
-
-
-def _eigs(N: torch.Tensor, mu2: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Singular values s (..., n) and right singular vectors V of X from N = X^T X; with
-    ``mu2 > 0`` the smoothed sqrt(s^2 + mu^2)."""
-    e, V = torch.linalg.eigh(_sym(N))
-    e = e.clamp_min(0.0)
-    floor = e[..., -1:] * (e.shape[-1] * 1e-15)
-    return (torch.where(e > floor, e, 0.0) + mu2).sqrt(), V
-
-
-def _inv(s: torch.Tensor) -> torch.Tensor:
-    return torch.where(s > 0, 1.0 / s.clamp_min(torch.finfo(s.dtype).tiny), 0.0)
-
-
-def _apply(V: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """V diag(d) V^T."""
-    return (V * d.unsqueeze(-2)) @ V.mT
-
-
-def _in_basis(V: torch.Tensor, M: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """V (K o (V^T M V)) V^T: an entrywise map in the eigenbasis."""
-    return V @ (K * (V.mT @ M @ V)) @ V.mT
-
-
-class _Problem:
-    """The n x n data of one batch of direction problems, in fp64."""
-
-    def __init__(self, G: torch.Tensor, W: torch.Tensor, P: Projector, mu: float = 0.0) -> None:
-        self.G, self.W, self.P, self.mu2 = G, W, P, mu * mu
-        self.M, self.G1, self.C = W.mT @ W, W.mT @ G, G.mT @ G
-        self.n = W.shape[-1]
-
-    def state(self, L: torch.Tensor) -> dict[str, torch.Tensor]:
-        """f, H and what the Hessian needs at multiplier L (..., n, n)."""
-        Y = self.G1 + 2.0 * self.M @ L  # W^T X
-        LG = self.G1.mT @ L
-        N = self.C + 2.0 * (LG + LG.mT) + 4.0 * L @ self.M @ L  # X^T X
-        s, V = _eigs(N, self.mu2)
-        Q = _apply(V, _inv(s))  # (X^T X)^{-1/2}
-        WA = Y @ Q  # W^T A
-        H = self.P(WA + WA.mT)
-        return {"L": L, "Y": Y, "s": s, "V": V, "Q": Q, "H": H, "f": s.sum(-1)}
-
-    def hvp(self, st: dict, D: torch.Tensor) -> torch.Tensor:
-        """Hessian of f times symmetric D = P(D): dH for dL = D (Daleckii-Krein for N^{-1/2})."""
-        s, V, Y, Q = st["s"], st["V"], st["Y"], st["Q"]
-        dN = 2.0 * (D @ Y + Y.mT @ D)
-        ss = s.unsqueeze(-1) * s.unsqueeze(-2)
-        K = -_inv(ss * (s.unsqueeze(-1) + s.unsqueeze(-2)))  # divided differences of e^{-1/2}
-        dQ = _in_basis(V, dN, K)
-        dWA = 2.0 * self.M @ D @ Q + Y @ dQ
-        return self.P(dWA + dWA.mT)
-
-    def precondition(self, st: dict, R: torch.Tensor) -> torch.Tensor:
-        """Inverse of the frozen-Q curvature D -> 2(DQ + QD): entries s_i s_j / 2(s_i + s_j)."""
-        s = st["s"].clamp_min(st["s"][..., -1:] * 1e-6)
-        ss = s.unsqueeze(-1) * s.unsqueeze(-2)
-        return self.P(_in_basis(st["V"], R, ss / (2.0 * (s.unsqueeze(-1) + s.unsqueeze(-2)))))
-
-    def direction(self, st: dict) -> torch.Tensor:
-        X = self.G + 2.0 * self.W @ st["L"]
-        return X @ st["Q"]
-
-
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a * b).sum(dim=(-2, -1), keepdim=True)
-
-
-def _newton_direction(pb: _Problem, st: dict, cg_iters: int) -> torch.Tensor:
-    """Preconditioned CG on hess(D) = -H, batched, a fixed number of iterations (no syncs)."""
-    tiny = torch.finfo(_F64).tiny
-    D = torch.zeros_like(st["H"])
-    R = -st["H"]
-    Z = pb.precondition(st, R)
-    Pd = Z
-    rz = _dot(R, Z)
-    for _ in range(cg_iters):
-        Hp = pb.hvp(st, Pd)
-        curv = _dot(Pd, Hp)
-        ok = (curv > tiny) & (rz > tiny)
-        a = torch.where(ok, rz / curv.clamp_min(tiny), 0.0)
-        D = D + a * Pd
-        R = R - a * Hp
-        Z = pb.precondition(st, R)
-        rz_new = _dot(R, Z)
-        Pd = Z + torch.where(ok, rz_new / rz.clamp_min(tiny), 0.0) * Pd
-        rz = rz_new
-    # CG on a PSD system starting at 0 gives a descent direction; fall back to the
-    # preconditioned gradient if round-off broke that.
-    bad = _dot(D, st["H"]) >= 0
-    return torch.where(bad, pb.precondition(st, -st["H"]), D)
-
-
-def _newton(pb: _Problem, L: torch.Tensor, steps: int, tol: float, cg_iters: int):
-    st = pb.state(L)
-    passes = torch.ones(L.shape[:-2], dtype=torch.long, device=L.device)
-    for _ in range(steps - 1):
-        res = torch.linalg.matrix_norm(st["H"]) / pb.n
-        if bool((res < tol).all()):
-            break
-        passes += (res >= tol).long()
-        D = _newton_direction(pb, st, cg_iters)
-        slope = _dot(st["H"], D).squeeze(-1).squeeze(-1)  # < 0
-        t = torch.ones_like(st["f"])
-        new = pb.state(L + D)
-        for _ in range(30):  # Armijo backtracking, per matrix
-            ok = new["f"] <= st["f"] + 1e-4 * t * slope + 1e-14 * st["f"].abs()
-            if bool(ok.all()):
-                break
-            t = torch.where(ok, t, 0.5 * t)
-            new = pb.state(L + t[..., None, None] * D)
-        L = new["L"]
-        st = new
-    res = torch.linalg.matrix_norm(st["H"]) / pb.n
-    return pb.direction(st), res, passes, st["L"]
+    s, V = eig_sqrt(Xd.mT @ Xd)
+    inv = torch.where(s > 0, 1.0 / s.clamp_min(torch.finfo(_F64).tiny), 0.0)
+    return (Xd @ ((V * inv.unsqueeze(-2)) @ V.mT)).to(X.dtype)
 
 
 def _gradient(G, W, P, L, steps, lr, tol, msign_fn):
@@ -222,7 +105,7 @@ def dual_ascent(
     lr: float = 0.1,
     tol: float = 1e-6,
     msign_fn: MsignFn = msign,
-    cg_iters: int = 8,
+    cg_iters: int = 30,
     smooth: float = 0.0,
     L0: torch.Tensor | None = None,
 ) -> DualResult:
@@ -244,6 +127,7 @@ def dual_ascent(
         raise ValueError(f"dual ascent needs steps >= 1, got {steps}")
     if method not in DUAL_METHODS:
         raise ValueError(f"dual method {method!r} is not one of {', '.join(DUAL_METHODS)}")
+    dtype = G.dtype
     if method != "absolute":
         # Scale invariance: A(G) = A(c G) for c > 0, so solve at ||G||_F = 1.
         G = G / torch.linalg.matrix_norm(G).clamp_min(1e-30)[..., None, None]
@@ -258,7 +142,22 @@ def dual_ascent(
         L0 = -0.25 * P(W.mT @ G + G.mT @ W) if L0 is None else P(_sym(L0.to(G.dtype)))
         A, res, passes, L = _gradient(G, W, P, L0, steps, lr, tol, msign_fn)
         return DualResult(A, res, passes, L)
-    Gd, Wd = G.to(_F64), W.to(_F64)
-    L0 = -0.25 * P(Wd.mT @ Gd + Gd.mT @ Wd) if L0 is None else P(_sym(L0.to(_F64)))
-    A, res, passes, L = _newton(_Problem(Gd, Wd, P, smooth), L0, steps, tol, cg_iters)
-    return DualResult(A.to(G.dtype), res.to(G.dtype), passes, L)
+    G, W = G.to(_F64), W.to(_F64)  # fp32 Grams lose what a tol of 1e-6 needs (Gram squaring)
+    L0 = None if L0 is None else P(_sym(L0.to(_F64)))
+    st, passes = None, None
+    if P is identity and W.shape[-2] == W.shape[-1]:
+        # Square Stiefel: the cold start is the exact solution, A = W msign(skew(W^T G)), when
+        # W is orthogonal; its X = W skew(W^T G) has paired (for odd n also zero) singular
+        # values, and smoothing would move the optimum off it, where Newton crawls (measured:
+        # 20 passes at 1e-5). So try it unsmoothed; smooth only if a W is off the manifold.
+        pb = GramProblem(G, W, P, 0.0)
+        st, passes = newton_solve(pb, -0.5 * P(_sym(pb.G1)), 1, tol, cg_iters)
+        if not bool((st["res"] < tol).all()):
+            st = None
+    if st is None:
+        pb = GramProblem(G, W, P, smooth)
+        st, passes = newton_solve(pb, -0.5 * P(_sym(pb.G1)) if L0 is None else L0, steps, tol,
+                                  cg_iters)
+    # A = X Q = G Q + W (2 L Q); fp64 like the rest, then the input dtype
+    A = G @ st["Q"] + W @ (2.0 * st["L"] @ st["Q"])
+    return DualResult(A.to(dtype), st["res"].to(dtype), passes, st["L"])

@@ -41,7 +41,14 @@ class DualOptions:
     tol: float = 1e-6
     smooth: float = 1e-3
     msign_method: str = "polar_express"
-    cg_iters: int = 8
+    cg_iters: int = 30
+
+
+def _fast_msign(W: torch.Tensor) -> str:
+    """The retraction's msign: Polar Express on CUDA (bf16, as both reference codes), the exact
+    Gram route on CPU, where 12 fp32 Polar Express steps on the tall matrix cost far more and
+    leave ~1e-5 (docs/science.md §3.6)."""
+    return "msign" if W.is_cuda else "gram"
 
 
 class Manifold:
@@ -73,10 +80,9 @@ class Manifold:
                 L0: torch.Tensor | None = None) -> DualResult:
         """The direction A with ``residual = ||H||_F / n`` and ``passes``; plain msign here.
         ``L0`` warm-starts the multiplier (a previous ``DualResult.L``)."""
-        A = msign(G, method=opts.msign_method)
-        zeros = torch.zeros(G.shape[:-2], dtype=G.dtype, device=G.device)
         if self.projector is None:
-            return DualResult(A, zeros, zeros.long())
+            zeros = torch.zeros(G.shape[:-2], dtype=G.dtype, device=G.device)
+            return DualResult(msign(G, method=opts.msign_method), zeros, zeros.long())
         msign_fn: MsignFn = lambda X: msign(X, method=opts.msign_method)  # noqa: E731
         # The paper's absolute variant keeps its raw W (faithful reproduction).
         frame = W if opts.method == "absolute" else self.dual_frame(W)
@@ -97,7 +103,7 @@ class Stiefel(Manifold):
 
     def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None
                 ) -> torch.Tensor:
-        return stiefel_retract(W, "svd" if exact else "msign")
+        return stiefel_retract(W, "svd" if exact else _fast_msign(W))
 
     def tangent_project(self, W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
         return stiefel_tangent_project(W, Z)
@@ -120,8 +126,8 @@ class DGram(Manifold):
 
     def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None
                 ) -> torch.Tensor:
-        return dgram_retract(W, retraction or DGRAM_RETRACTIONS[0],
-                             "svd" if exact else "polar_express")
+        fast = "polar_express" if _fast_msign(W) == "msign" else "gram"
+        return dgram_retract(W, retraction or DGRAM_RETRACTIONS[0], "svd" if exact else fast)
 
     def tangent_project(self, W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
         return dgram_tangent_project(W, Z)

@@ -5,7 +5,10 @@ Three backends, chosen by name (``MSIGN_METHODS``):
 - ``polar_express``: the Polar Express iteration (arXiv 2505.16932) with the per-step coefficient
   table and the 1.01 safety scaling used by Paper B and the Thinking Machines code;
 - ``ns5``: Keller Jordan's quintic Newton-Schulz (singular values land in ~[0.7, 1.2], not 1);
-- ``svd``: the exact polar factor from ``torch.linalg.svd`` (the reference).
+- ``svd``: the exact polar factor from ``torch.linalg.svd`` (the reference);
+- ``gram``: the exact polar factor X (X^T X)^{-1/2} from one fp64 eigh of the small Gram (on
+  CPU far cheaper than 12 Polar Express steps on the tall matrix, or its SVD, when one side is
+  small; columns are normalised first, so the Gram is as well conditioned as X's directions).
 
 The iterations run in bf16 on CUDA (as both reference codes do) and in fp32 on CPU; an fp64
 input on CPU stays fp64 so tests can compare against an fp64 SVD.
@@ -25,6 +28,8 @@ __all__ = [
     "msign_polar_express",
     "msign_ns5",
     "msign_svd",
+    "msign_gram",
+    "polar_gram",
 ]
 
 # (a, b, c) of p(x) = a x + b x^3 + c x^5 per step; steps after the 8th reuse the last triple.
@@ -119,10 +124,45 @@ def msign_svd(
     return torch.nan_to_num((U * keep.unsqueeze(-2)) @ Vh, nan=0.0).to(X.dtype)
 
 
+def polar_gram(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Polar factor and singular values (ascending) of tall X (..., m, n), m >= n, from one
+    fp64 eigh of the n x n Gram; singular values below ~sqrt(n eps) sigma_max map to 0.
+
+    The Gram of the unit-column X~ = X D^{-1} is formed in X's dtype and N = D (X~^T X~) D in
+    fp64: a column rescaling (DGram's free column norms) costs no accuracy, only the columns'
+    directions' conditioning is squared.
+    """
+    d = torch.linalg.vector_norm(X, dim=-2, keepdim=True)  # (..., 1, n)
+    d = torch.where(d > 0, d, 1.0)
+    Xn = X / d
+    dd = d.to(torch.float64).mT  # (..., n, 1)
+    N = dd * (Xn.mT @ Xn).to(torch.float64) * dd.mT
+    e, V = torch.linalg.eigh(0.5 * (N + N.mT))
+    e = e.clamp_min(0.0)
+    e = torch.where(e > e[..., -1:] * (e.shape[-1] * 1e-15), e, 0.0)
+    s = e.sqrt()
+    inv = torch.where(s > 0, 1.0 / s.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    R = (V * inv.unsqueeze(-2)) @ V.mT
+    return X @ R.to(X.dtype), s
+
+
+def msign_gram(
+    X: torch.Tensor, steps: int | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Exact polar factor from the small side's Gram (``polar_gram``); X: (..., m, n)."""
+    wide = X.shape[-2] < X.shape[-1]
+    x = X.mT if wide else X  # tall: its Gram is the small square
+    finite = torch.isfinite(x).all(dim=-1, keepdim=True).all(dim=-2, keepdim=True)
+    P, _ = polar_gram(torch.where(finite, x, 0))
+    P = torch.nan_to_num(P, nan=0.0, posinf=0.0, neginf=0.0)
+    return (P.mT if wide else P).to(X.dtype)
+
+
 MSIGN_METHODS: dict[str, Callable[..., torch.Tensor]] = {
     "polar_express": msign_polar_express,
     "ns5": msign_ns5,
     "svd": msign_svd,
+    "gram": msign_gram,
 }
 
 

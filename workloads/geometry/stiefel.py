@@ -26,11 +26,12 @@ __all__ = [
     "stiefel_retract",
     "stiefel_tangent_project",
     "stiefel_violation",
+    "polar_near",
     "RETRACTIONS",
 ]
 
 MsignFn = Callable[[torch.Tensor], torch.Tensor]
-RETRACTIONS = ("msign", "svd")
+RETRACTIONS = ("msign", "svd", "gram")
 
 
 def _check_tall(W: torch.Tensor, G: torch.Tensor | None = None) -> None:
@@ -78,13 +79,46 @@ def stiefel_project(W: torch.Tensor, method: str = "svd") -> torch.Tensor:
 
 
 def stiefel_retract(W: torch.Tensor, method: str = "msign") -> torch.Tensor:
-    """Retraction msign(W') after a step (both reference codes), or the exact SVD polar factor.
+    """Back onto St(m, n) after a step: the polar factor of W (..., m, n), three ways.
 
-    ``msign`` is Polar Express: bf16 on CUDA (constraint holds to ~1e-2), fp32 on CPU.
+    - ``msign``: Polar Express, as both reference codes (bf16 on CUDA: constraint ~1e-2);
+    - ``svd``: the exact SVD polar factor;
+    - ``gram``: the exact polar factor W (W^T W)^{-1/2} from the small Gram (``polar_near``):
+      a few fp32 n x n products when W is near the manifold, as after a step, else one fp64
+      eigh. On CPU it costs two tall products against Polar Express's 36.
     """
     if method not in RETRACTIONS:
         raise ValueError(f"stiefel retraction {method!r} is not one of {', '.join(RETRACTIONS)}")
+    if method == "gram":
+        return polar_near(W)
     return msign(W, method="polar_express" if method == "msign" else "svd")
+
+
+def polar_near(W: torch.Tensor, tol: float = 1e-7) -> torch.Tensor:
+    """Polar factor of W (..., m, n), any orientation, by coupled Newton-Schulz on the small
+    Gram N = W^T W from Z = I (Z -> N^{-1/2}); quadratic while ||N - I||_2 < 1, so a step of
+    size eta from the manifold (||N - I|| ~ eta^2 + the previous retraction's error) needs 2-4
+    iterations. Farther away (or with non-finite entries) the SVD: an fp32 Gram would square an
+    arbitrary matrix's condition number.
+    """
+    wide = W.shape[-2] < W.shape[-1]
+    X = W.mT if wide else W
+    n = X.shape[-1]
+    eye = torch.eye(n, dtype=X.dtype, device=X.device)
+    N = X.mT @ X
+    err = float(torch.linalg.matrix_norm(N - eye).max())  # >= ||N - I||_2; one host sync
+    if not err < 0.5:
+        return msign(W, method="svd")
+    eps = max(tol, 4 * torch.finfo(X.dtype).eps)
+    # Y_k -> N^{1/2}, Z_k -> N^{-1/2}; the error squares each iteration: e_k ~ err^(2^k)
+    iters = max(1, math.ceil(math.log2(math.log(eps) / math.log(max(err, 1e-300)))) + 1) \
+        if err > eps else 0
+    Y, Z = N, eye.expand_as(N)
+    for _ in range(iters):
+        T = 1.5 * eye - 0.5 * (Z @ Y)
+        Y, Z = Y @ T, T @ Z
+    P = X @ Z
+    return P.mT if wide else P
 
 
 def stiefel_tangent_project(W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:

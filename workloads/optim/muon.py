@@ -65,7 +65,7 @@ def manifold_muon_step(
     dual_method: str = "newton",
     dual_smooth: float = 1e-3,
     warm: dict | None = None,
-    dual_cg_iters: int = 8,
+    dual_cg_iters: int = 30,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Manifold Muon step for W, G (..., m, n), any orientation (wide ones go tall inside).
 
@@ -117,7 +117,7 @@ class Muon(torch.optim.Optimizer):
         dgram_retraction: str = "paper_svd_sorted",
         dual_method: str = "newton",
         dual_smooth: float = 1e-3,
-        dual_cg_iters: int = 8,
+        dual_cg_iters: int = 30,
     ) -> None:
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, momentum_form=momentum_form,
@@ -148,6 +148,7 @@ class Muon(torch.optim.Optimizer):
     def _step_group(self, group: dict) -> None:
         # --- momentum, per matrix; then bucket same-shape matrices into one batch --------
         buckets: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        constrained = get_manifold(group["constraint"]).constrained
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -157,21 +158,24 @@ class Muon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(g)
             d = muon_direction(state["momentum_buffer"], g, group["momentum"],
                                group["nesterov"], group["momentum_form"])
-            buckets[(tuple(p.shape), p.device)].append((p, d))
+            buckets[self._bucket(p, constrained)].append((p, d))
         lr, constraint = group["lr"], group["constraint"]
         for items in buckets.values():
             ps = [p for p, _ in items]
-            D = torch.stack([d for _, d in items])  # (B, m, n)
             # --- unconstrained Muon ----------------------------------------------------------
-            if not get_manifold(constraint).constrained:
+            if not constrained:
+                D = torch.stack([d for _, d in items])  # (B, m, n)
                 U = muon_update(D, group["msign"], group["shape_scale"])
                 for i, p in enumerate(ps):
                     if group["weight_decay"]:
                         p.mul_(1.0 - lr * group["weight_decay"])
                     p.add_(U[i].to(p.dtype), alpha=-lr)
                 continue
-            # --- Manifold Muon ---------------------------------------------------------------
-            W = torch.stack([p.float() for p in ps])
+            # --- Manifold Muon: one tall batch (wide matrices transposed, so an MLP's c_fc and
+            # c_proj share a bucket: one eigh call per pass for both) ------------------------
+            wide = [p.shape[-2] < p.shape[-1] for p in ps]
+            W = torch.stack([(p.mT if w else p).float() for p, w in zip(ps, wide)])
+            D = torch.stack([d.mT if w else d for (_, d), w in zip(items, wide)])
             lams = [self.state[p].get("dual_lambda") for p in ps]
             warm = {"lambda": torch.stack(lams)} if all(x is not None for x in lams) else {}
             W_new, residual, passes, displacement = manifold_muon_step(
@@ -180,7 +184,7 @@ class Muon(torch.optim.Optimizer):
                 group["dual_method"], group["dual_smooth"], warm, group["dual_cg_iters"],
             )
             for i, p in enumerate(ps):
-                p.copy_(W_new[i].to(p.dtype))
+                p.copy_((W_new[i].mT if wide[i] else W_new[i]).to(p.dtype))
                 if warm.get("lambda") is not None:
                     # in p.dtype: load_state_dict casts float state to it, so a reload resumes
                     # bit-identically
@@ -188,6 +192,13 @@ class Muon(torch.optim.Optimizer):
                 self.state[p]["dual_residual"] = residual[i].detach()
                 self.state[p]["dual_passes"] = passes[i].detach()
                 self.state[p]["retraction_displacement"] = displacement[i].detach()
+
+    @staticmethod
+    def _bucket(p: torch.Tensor, constrained: bool) -> tuple:
+        """Same key, one batch. Manifold Muon works on the tall form, so its key is the
+        orientation-free shape; plain Muon keeps the shape as is."""
+        shape = tuple(p.shape)
+        return (tuple(sorted(shape, reverse=True)) if constrained else shape), p.device
 
     def dual_stats(self) -> list[tuple[str, float, int]]:
         """``(name, dual residual, passes)`` of each manifold matrix's last step (one sync)."""
