@@ -30,10 +30,24 @@ MIN_TRIALS = 3
 _PREFIX, _SPECIAL = "trial/", ":special"  # Optuna names (orchestrator/sweep/space.py)
 
 
+# fANOVA's cost is Python loops over every tree's splits (optuna/importance/_fanova): with
+# Optuna's defaults (64 trees of depth 64) 700 trials took tens of minutes. 32 trees of
+# depth 16 keep the estimate's spread across seeds small for the few parameters a search
+# has, and a study of more than MAX_FANOVA_TRIALS trials is subsampled (evenly over the
+# trials, so deterministic) before the forest is fitted: importances of a handful of
+# parameters are settled long before 300 trials, while the cost grows with the leaves.
+N_TREES, MAX_DEPTH, MAX_FANOVA_TRIALS = 32, 16, 300
+# a numeric param with inf or absent values is categorical; with more levels than this (a
+# continuous search over p with p = inf mixed in) its finite values are binned into
+# quantiles, else fANOVA one-hot encodes a level per trial
+MAX_LEVELS = 12
+
+
 def _fanova(study) -> dict[str, float]:
     import optuna
 
-    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)  # deterministic
+    evaluator = optuna.importance.FanovaImportanceEvaluator(
+        n_trees=N_TREES, max_depth=MAX_DEPTH, seed=0)  # deterministic
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return optuna.importance.get_param_importances(study, evaluator=evaluator)
@@ -63,18 +77,55 @@ def study_from_trials(trials: pd.DataFrame, mode: str = "min"):
         elif numeric and col.isna().any() and np.isfinite(num.dropna()).all():
             dropped.append(p)
         else:
-            text = [("absent" if v is None or (isinstance(v, float) and math.isnan(v))
-                     else str(v)) for v in col]
+            text = _levels(col, num if numeric else None)
             cats = tuple(sorted(set(text)))
             if len(cats) < 2:
                 continue
             dists[p] = CategoricalDistribution(cats)
             values[p] = text
     study = optuna.create_study(direction="minimize" if mode == "min" else "maximize")
-    for i, v in enumerate(y.astype(float).tolist()):
+    keep = _spread(len(y), MAX_FANOVA_TRIALS)
+    study.set_user_attr("n_completed", len(y))
+    yv = y.astype(float).tolist()
+    for i in keep:
+        v = yv[i]
         study.add_trial(optuna.trial.create_trial(
             params={p: values[p][i] for p in dists}, distributions=dists, value=v))
     return study, dropped
+
+
+def _spread(n: int, k: int) -> list[int]:
+    """All of 0..n-1 when n <= k, else k indices spread evenly over them."""
+    if n <= k:
+        return list(range(n))
+    return sorted(set(np.linspace(0, n - 1, k).round().astype(int).tolist()))
+
+
+def _sub(n: int) -> str:
+    return (f" ({MAX_FANOVA_TRIALS} of them, evenly spread, fitted)"
+            if n > MAX_FANOVA_TRIALS else "")
+
+
+def _levels(col: pd.Series, num: pd.Series | None) -> list[str]:
+    """A categorical param's level per trial: its value as text, ``absent`` where missing;
+    a numeric one with more than MAX_LEVELS levels keeps ``inf`` and ``absent`` and puts its
+    finite values in quantile bins named by their range (``[0.5, 1.9]``)."""
+    def text(v) -> str:
+        return "absent" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+    out = [text(v) for v in col]
+    if num is None or len(set(out)) <= MAX_LEVELS:
+        return out
+    fin = num[np.isfinite(num)]
+    nbins = MAX_LEVELS - 2  # room for inf and absent
+    edges = np.unique(np.quantile(fin.to_numpy(dtype=float), np.linspace(0, 1, nbins + 1)))
+    idx = np.clip(np.searchsorted(edges, fin.to_numpy(dtype=float), side="right") - 1, 0,
+                  len(edges) - 2)
+    names = [f"[{edges[i]:.3g}, {edges[i + 1]:.3g}]" for i in range(len(edges) - 1)]
+    pos = {k: j for j, k in enumerate(col.index)}
+    for k, i in zip(fin.index, idx):
+        out[pos[k]] = names[i]
+    return out
 
 
 def _from_db(root: Path, name: str) -> tuple[dict[str, float], int] | None:
@@ -89,9 +140,13 @@ def _from_db(root: Path, name: str) -> tuple[dict[str, float], int] | None:
         study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
     except (KeyError, ValueError):
         return None
-    n = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    n = len(done)
     if n < MIN_TRIALS:
         return None
+    if n > MAX_FANOVA_TRIALS:  # the same even subsample as a rebuilt study
+        study = optuna.create_study(directions=study.directions)
+        study.add_trials([done[i] for i in _spread(n, MAX_FANOVA_TRIALS)])
     raw = _fanova(study)
     merged: dict[str, float] = {}
     for k, v in raw.items():  # p's inf switch is part of the choice of p
@@ -107,7 +162,8 @@ def param_importance(trials: pd.DataFrame, root: Path | None = None, name: str |
         got = _from_db(root, name) if root is not None and name else None
         if got is not None:
             imps, n = got
-            src = f"fANOVA (Optuna) over the sweep's study optuna.db, {n} complete trials"
+            src = (f"fANOVA (Optuna) over the sweep's study optuna.db, {n} complete trials"
+                   + _sub(n))
         else:
             study, dropped = study_from_trials(trials, mode)
             n = len(study.trials)
@@ -115,7 +171,8 @@ def param_importance(trials: pd.DataFrame, root: Path | None = None, name: str |
                 return None, (f"parameter importance needs >= {MIN_TRIALS} completed trials "
                               f"with a varying parameter; found {n}")
             imps = {k: float(v) for k, v in _fanova(study).items()}
-            src = f"fANOVA (Optuna) over {n} completed trials of the trials table"
+            n = int(study.user_attrs.get("n_completed", n))
+            src = f"fANOVA (Optuna) over {n} completed trials of the trials table" + _sub(n)
             if dropped:
                 src += "; left out (numeric, absent from some trials): " + ", ".join(dropped)
     except (ValueError, RuntimeError) as e:
