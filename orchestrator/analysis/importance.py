@@ -1,4 +1,5 @@
-"""Parameter importance of a sweep with Optuna's fANOVA evaluator.
+"""Parameter importance of a sweep with Optuna's evaluators: fANOVA for a study of at most
+``FANOVA_MAX_TRIALS`` completed trials, PED-ANOVA above (fANOVA costs minutes there).
 
 Two sources, the first that works:
 1. the sweep's own Optuna study (``<sweep>/optuna.db``, study named as the sweep), what the
@@ -8,7 +9,8 @@ Two sources, the first that works:
 
 Rebuilt distributions: a numeric param is a ``FloatDistribution`` (log when positive and
 spanning at least 10x); ``inf`` (p = inf, GeoNorm) cannot sit on a float axis, so such a
-column becomes categorical over its distinct values, as is any non-numeric param. A
+column becomes categorical over its distinct values (quantile bins of the finite values,
+with ``inf`` and ``absent`` kept, past ``MAX_LEVELS`` levels), as is any non-numeric param. A
 conditional param (absent from some trials) gets the category ``absent`` when categorical;
 a numeric one is left out (fANOVA needs every param on every trial) and the note says so.
 """
@@ -30,27 +32,33 @@ MIN_TRIALS = 3
 _PREFIX, _SPECIAL = "trial/", ":special"  # Optuna names (orchestrator/sweep/space.py)
 
 
-# fANOVA's cost is Python loops over every tree's splits (optuna/importance/_fanova): with
-# Optuna's defaults (64 trees of depth 64) 700 trials took tens of minutes. 32 trees of
-# depth 16 keep the estimate's spread across seeds small for the few parameters a search
-# has, and a study of more than MAX_FANOVA_TRIALS trials is subsampled (evenly over the
-# trials, so deterministic) before the forest is fitted: importances of a handful of
-# parameters are settled long before 300 trials, while the cost grows with the leaves.
-N_TREES, MAX_DEPTH, MAX_FANOVA_TRIALS = 32, 16, 300
+# fANOVA's cost is Python loops over every tree's splits (optuna/importance/_fanova):
+# measured on benchmarks/report_scale.py's search, Optuna's defaults (64 trees of depth 64)
+# took 25 CPU s on 100 trials and tens of minutes on 700; 16 trees of depth 8 on 200 still
+# 20 s. So fANOVA (defaults, as before) for a study of at most FANOVA_MAX_TRIALS completed
+# trials (a grid), and above that Optuna's PED-ANOVA (hundredths of a second on 700 trials:
+# which params separate the top 10% of trials from all, the question a search asks; it
+# ranked the synthetic search's params as fANOVA did). The note names the evaluator.
+FANOVA_MAX_TRIALS = 50
 # a numeric param with inf or absent values is categorical; with more levels than this (a
 # continuous search over p with p = inf mixed in) its finite values are binned into
-# quantiles, else fANOVA one-hot encodes a level per trial
+# quantiles, else the evaluators see a level per trial
 MAX_LEVELS = 12
 
 
-def _fanova(study) -> dict[str, float]:
+def _evaluate(study, n: int) -> tuple[dict[str, float], str]:
+    """(param -> importance, the evaluator's name) for a study of ``n`` completed trials."""
     import optuna
 
-    evaluator = optuna.importance.FanovaImportanceEvaluator(
-        n_trees=N_TREES, max_depth=MAX_DEPTH, seed=0)  # deterministic
+    if n <= FANOVA_MAX_TRIALS:
+        name = "fANOVA"
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)  # deterministic
+    else:
+        name = "PED-ANOVA (top 10% vs all)"
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return optuna.importance.get_param_importances(study, evaluator=evaluator)
+        warnings.simplefilter("ignore")  # PED-ANOVA is marked experimental
+        return optuna.importance.get_param_importances(study, evaluator=evaluator), name
 
 
 def study_from_trials(trials: pd.DataFrame, mode: str = "min"):
@@ -84,26 +92,10 @@ def study_from_trials(trials: pd.DataFrame, mode: str = "min"):
             dists[p] = CategoricalDistribution(cats)
             values[p] = text
     study = optuna.create_study(direction="minimize" if mode == "min" else "maximize")
-    keep = _spread(len(y), MAX_FANOVA_TRIALS)
-    study.set_user_attr("n_completed", len(y))
-    yv = y.astype(float).tolist()
-    for i in keep:
-        v = yv[i]
+    for i, v in enumerate(y.astype(float).tolist()):
         study.add_trial(optuna.trial.create_trial(
             params={p: values[p][i] for p in dists}, distributions=dists, value=v))
     return study, dropped
-
-
-def _spread(n: int, k: int) -> list[int]:
-    """All of 0..n-1 when n <= k, else k indices spread evenly over them."""
-    if n <= k:
-        return list(range(n))
-    return sorted(set(np.linspace(0, n - 1, k).round().astype(int).tolist()))
-
-
-def _sub(n: int) -> str:
-    return (f" ({MAX_FANOVA_TRIALS} of them, evenly spread, fitted)"
-            if n > MAX_FANOVA_TRIALS else "")
 
 
 def _levels(col: pd.Series, num: pd.Series | None) -> list[str]:
@@ -128,7 +120,7 @@ def _levels(col: pd.Series, num: pd.Series | None) -> list[str]:
     return out
 
 
-def _from_db(root: Path, name: str) -> tuple[dict[str, float], int] | None:
+def _from_db(root: Path, name: str) -> tuple[dict[str, float], int, str] | None:
     db = root / "optuna.db"
     if not db.exists():
         return None
@@ -140,19 +132,15 @@ def _from_db(root: Path, name: str) -> tuple[dict[str, float], int] | None:
         study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
     except (KeyError, ValueError):
         return None
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    n = len(done)
+    n = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     if n < MIN_TRIALS:
         return None
-    if n > MAX_FANOVA_TRIALS:  # the same even subsample as a rebuilt study
-        study = optuna.create_study(directions=study.directions)
-        study.add_trials([done[i] for i in _spread(n, MAX_FANOVA_TRIALS)])
-    raw = _fanova(study)
+    raw, how = _evaluate(study, n)
     merged: dict[str, float] = {}
     for k, v in raw.items():  # p's inf switch is part of the choice of p
         key = k.removeprefix(_PREFIX).removesuffix(_SPECIAL)
         merged[key] = merged.get(key, 0.0) + float(v)
-    return merged, n
+    return merged, n, how
 
 
 def param_importance(trials: pd.DataFrame, root: Path | None = None, name: str | None = None,
@@ -161,18 +149,17 @@ def param_importance(trials: pd.DataFrame, root: Path | None = None, name: str |
     try:
         got = _from_db(root, name) if root is not None and name else None
         if got is not None:
-            imps, n = got
-            src = (f"fANOVA (Optuna) over the sweep's study optuna.db, {n} complete trials"
-                   + _sub(n))
+            imps, n, how = got
+            src = f"{how} (Optuna) over the sweep's study optuna.db, {n} complete trials"
         else:
             study, dropped = study_from_trials(trials, mode)
             n = len(study.trials)
             if n < MIN_TRIALS or not study.trials or not study.trials[0].params:
                 return None, (f"parameter importance needs >= {MIN_TRIALS} completed trials "
                               f"with a varying parameter; found {n}")
-            imps = {k: float(v) for k, v in _fanova(study).items()}
-            n = int(study.user_attrs.get("n_completed", n))
-            src = f"fANOVA (Optuna) over {n} completed trials of the trials table" + _sub(n)
+            raw, how = _evaluate(study, n)
+            imps = {k: float(v) for k, v in raw.items()}
+            src = f"{how} (Optuna) over {n} completed trials of the trials table"
             if dropped:
                 src += "; left out (numeric, absent from some trials): " + ", ".join(dropped)
     except (ValueError, RuntimeError) as e:
