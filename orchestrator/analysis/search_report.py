@@ -54,7 +54,7 @@ def search_section(trials: pd.DataFrame, root: Path, name: str, out: Path,
             skipped.append(why)
         else:
             lines += [f"### {title}", "", f"![{title}]({fname})", ""]
-    with stage("importance (fANOVA)"):
+    with stage("importance"):
         imps, note = param_importance(trials, root, name, mode) if params else (
             None, "parameter importance: no searched parameter varies")
     lines += ["### Parameter importance", "", note, ""]
