@@ -10,7 +10,10 @@ loss and grad norm every step, a val loss every 100 steps; 70% completed, 15% st
 ASHA (at 2,500 or 5,000 steps), 15% diverged (between 5% and 90% of the budget). ``--trials`` and
 ``--steps`` make it smaller. No MLflow store (the report says it did not log), no metric rows.
 
-Prints a table, then as the last line one JSON object with ``report_s`` and ``trials``.
+Prints a table (with the report's stage timings: wall and CPU seconds each, written by the
+report command to the file named by ``GEOSWEEP_REPORT_TIMINGS``; and the report process's
+CPU time, steadier than its wall time on a loaded machine), then as the last line one JSON
+object with ``report_s``, ``report_cpu_s``, ``trials`` and ``stages``.
 """
 
 from __future__ import annotations
@@ -102,30 +105,65 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--dir", default=None, help="build here (default: a temporary folder)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --dir: report on the sweep built there before (same sizes)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.dir or tmp) / SWEEP
         root.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        rows = build(root, args.trials, args.steps)
-        build_s = time.perf_counter() - t0
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(root)],
-                              capture_output=True, text=True, env=env, cwd=ROOT)
-        report_s = time.perf_counter() - t0
-        if proc.returncode != 0:
-            sys.exit(f"geosweep report failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        figures = sorted(p.name for p in (root / "report").glob("*.png"))
-        print(f"{'trials':>8} {'steps':>7} {'curve rows':>11} {'build s':>8} {'report s':>9}"
-              f" {'target s':>9}")
-        print(f"{args.trials:>8} {args.steps:>7} {rows:>11,} {build_s:>8.1f} {report_s:>9.2f}"
-              f" {10:>9}")
-        print("figures:", ", ".join(figures))
-        print(json.dumps({"trials": args.trials, "steps": args.steps, "curve_rows": rows,
-                          "build_s": round(build_s, 2), "report_s": round(report_s, 2),
-                          "target_s": 10, "figures": figures}))
+        if args.reuse and (root / "sweep.json").exists():
+            import pyarrow.dataset as ds
 
+            rows = ds.dataset(root / "parquet" / "curves", format="parquet").count_rows()
+        else:
+            rows = build(root, args.trials, args.steps)
+        build_s = time.perf_counter() - t0
+        report_s, cpu_s, stages = _run_report(root)
+        figures = sorted(p.name for p in (root / "report").glob("*.png"))
+    print(f"{'trials':>8} {'steps':>7} {'curve rows':>11} {'build s':>8} {'report s':>9}"
+          f" {'report cpu s':>13} {'target s':>9}")
+    print(f"{args.trials:>8} {args.steps:>7} {rows:>11,} {build_s:>8.1f} {report_s:>9.2f}"
+          f" {cpu_s:>13.2f} {10:>9}")
+    _print_stages(stages, report_s)
+    print("figures:", ", ".join(figures))
+    print(json.dumps({"trials": args.trials, "steps": args.steps, "curve_rows": rows,
+                      "build_s": round(build_s, 2), "report_s": round(report_s, 2),
+                      "report_cpu_s": round(cpu_s, 2), "target_s": 10, "figures": figures,
+                      "stages": stages}))
+
+
+def _run_report(root: Path) -> tuple[float, float, dict]:
+    """Wall seconds, CPU seconds (user + system, the report process and its children) and
+    stage timings of one ``geosweep report`` run as a user runs it (a fresh process). CPU
+    time is given because this machine is shared: its wall time depends on the load."""
+    import resource
+
+    timings = root / "report_timings.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GEOSWEEP_REPORT_TIMINGS=str(timings))
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(root)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    report_s = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"geosweep report failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    stages = json.loads(timings.read_text()) if timings.exists() else {}
+    return report_s, cpu_s, stages
+
+
+def _print_stages(stages: dict, report_s: float) -> None:
+    """The report's stages, slowest first, and what is left: interpreter start, the CLI's
+    own imports and writing files outside any stage."""
+    if not stages:
+        return
+    print(f"{'stage':<34} {'wall s':>8} {'cpu s':>8}")
+    for name, t in sorted(stages.items(), key=lambda kv: -kv[1]["wall_s"]):
+        print(f"{name:<34} {t['wall_s']:>8.2f} {t['cpu_s']:>8.2f}")
+    rest = report_s - sum(t["wall_s"] for t in stages.values())
+    print(f"{'(interpreter start, CLI imports)':<34} {rest:>8.2f} {'':>8}")
 
 if __name__ == "__main__":
     main()

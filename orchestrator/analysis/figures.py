@@ -13,6 +13,7 @@ import pandas as pd
 from orchestrator.analysis.load import ReportConfig, SweepData, arm_order
 from orchestrator.analysis.stats import t_interval
 from orchestrator.analysis.tables import _match
+from orchestrator.analysis.timing import stage
 
 # --- figures -------------------------------------------------------------------------------
 
@@ -192,6 +193,25 @@ def _p_axis(ax, finite: np.ndarray, lo_p: float, hi_p: float, x_inf: float,
                   [f"{v:g}" for v in ticks] + (["inf"] if has_inf else []))
 
 
+def _reference_levels(ax, t: pd.DataFrame, ref: list[str], arms: list[str], colors,
+                      conf: float) -> None:
+    """Arms without p (e.g. pre_ln): a dashed level with its CI each; past MAX_CURVE_ARMS
+    such arms (a search) one level per family, over its completed trials."""
+    full = short_labels(arms)
+    groups: dict[str, list[str]] = {}
+    for a in ref:
+        kv = _parse_arm(a) or {}
+        fam = next((v for k, v in kv.items() if k.endswith(".family")), a)
+        groups.setdefault(fam if len(ref) > MAX_CURVE_ARMS else full[a], []).append(a)
+    done = t[t["status"] == "completed"]
+    for name, members in groups.items():
+        m, lo, hi = t_interval(done.loc[done["arm"].isin(members), "final_val_loss"], conf)
+        if not math.isnan(m):
+            ax.axhline(m, color=colors[members[0]], ls="--", lw=1, label=name)
+            if not math.isnan(lo):
+                ax.axhspan(lo, hi, color=colors[members[0]], alpha=0.12, lw=0)
+
+
 def _fig_val_vs_p(data: SweepData, cfg: ReportConfig, arms, colors, path) -> str | None:
     t, col = data.trials, cfg.p_column
     if col not in t.columns:
@@ -209,25 +229,23 @@ def _fig_val_vs_p(data: SweepData, cfg: ReportConfig, arms, colors, path) -> str
 
     fig = _figure(7, 4.8)
     ax = fig.subplots()
-    p_arms = [a for a in arms if a in set(with_p["arm"])]
+    has_p = set(with_p["arm"])
+    p_arms = [a for a in arms if a in has_p]
     names = short_labels(p_arms, drop=col)
     series: dict[str, list[str]] = {}
+    # a search has an arm per trial: more series than a legend can name (and 1,000 errorbar
+    # artists) would draw for minutes, so past MAX_CURVE_ARMS series are families
+    by_family = len(set(names.values())) > MAX_CURVE_ARMS
     for a in p_arms:  # nothing but p varies: name the series by its family
         kv = _parse_arm(a) or {}
         family = next((v for k, v in kv.items() if k.endswith(".family")), "all")
-        series.setdefault(names[a] or family, []).append(a)
+        series.setdefault(family if by_family else (names[a] or family), []).append(a)
     for i, (name, members) in enumerate(series.items()):
         _draw_p_series(ax, with_p[with_p["arm"].isin(members)], x_of, colors[members[0]], name,
                        i, cfg.conf)
-    for a in arms:  # families without p: the reference level with its CI
-        if a in p_arms:
-            continue
-        g = t[(t["arm"] == a) & (t["status"] == "completed")]
-        m, lo, hi = t_interval(g["final_val_loss"], cfg.conf)
-        if not math.isnan(m):
-            ax.axhline(m, color=colors[a], ls="--", lw=1, label=short_labels(arms)[a])
-            if not math.isnan(lo):
-                ax.axhspan(lo, hi, color=colors[a], alpha=0.12, lw=0)
+    in_p = set(p_arms)
+    _reference_levels(ax, t, [a for a in arms if a not in in_p], arms, colors,
+                      cfg.conf)
     has_inf = bool(np.isinf(with_p["_p"]).any())
     _p_axis(ax, finite, lo_p, hi_p, x_inf, has_inf)
     ax.set(xlabel=f"p ({col})", ylabel="final validation loss",
@@ -276,7 +294,8 @@ def _fig_heatmaps(data: SweepData, cfg: ReportConfig, arms, labels, out: Path):
         return made, [f"continuity heatmaps: no metric matches {list(cfg.heatmap_metrics)}"]
     for name in names:
         d = m[m["metric"] == name].merge(data.trials[["trial", "arm"]], on="trial")
-        present = [a for a in arms if a in set(d["arm"])]
+        in_d = set(d["arm"])
+        present = [a for a in arms if a in in_d]
         shown = present[: cfg.max_heatmap_arms]
         if len(shown) < len(present):
             skipped.append(f"heatmap {name}: showing the first {len(shown)} of "
@@ -356,14 +375,18 @@ def draw_figures(data: SweepData, cfg: ReportConfig, out: Path):
     arms = arm_order(data.trials)
     labels, colors = short_labels(arms), _colors(arms)
     made, skipped = [], []
-    why = _fig_loss_curves(data, cfg, arms, labels, colors, out / "loss_curves.png")
+    with stage("figure loss curves"):
+        why = _fig_loss_curves(data, cfg, arms, labels, colors, out / "loss_curves.png")
     made += [] if why else [("Loss curves per arm", "loss_curves.png")]
     skipped += [why] if why else []
-    why = _fig_val_vs_p(data, cfg, arms, colors, out / "val_vs_p.png")
+    with stage("figure val vs p"):
+        why = _fig_val_vs_p(data, cfg, arms, colors, out / "val_vs_p.png")
     made += [] if why else [("Validation loss vs p", "val_vs_p.png")]
     skipped += [why] if why else []
-    hm, sk = _fig_heatmaps(data, cfg, arms, labels, out)
+    with stage("figure heatmaps"):
+        hm, sk = _fig_heatmaps(data, cfg, arms, labels, out)
     made, skipped = made + hm, skipped + sk
-    g, sk = _fig_growth(data, cfg, arms, labels, colors, out / "growth.png")
+    with stage("figure growth"):
+        g, sk = _fig_growth(data, cfg, arms, labels, colors, out / "growth.png")
     made, skipped = made + ([g] if g else []), skipped + sk
     return made, skipped

@@ -51,6 +51,8 @@ class SweepData:
     trials: pd.DataFrame  # one row per trial; ``trial`` (str), ``arm``, ``seed``, ``status``
     curves: pd.DataFrame  # step, split, metric, value, wall_time, trial
     metrics: pd.DataFrame  # step, metric, module, layer, next_layer, value, trial
+    # per-trial aggregates computed once and shared by the report's stages (trial_spikes)
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -180,17 +182,39 @@ def resolve_baseline(arms: list[str], baseline: str | None) -> str:
 
 
 def trial_spikes(data: SweepData, cfg: ReportConfig) -> pd.Series:
-    """Loss-spike episodes of each trial's train loss curve (trial -> count)."""
-    c = data.curves
+    """Loss-spike episodes of each trial's train loss curve (trial -> count); computed once
+    per SweepData and settings (the arm table and the trials table both need it)."""
+    key = ("spikes", cfg.spike_factor, cfg.spike_min_delta, len(data.curves))
+    if key not in data.cache:
+        data.cache[key] = _trial_spikes(data.curves, cfg)
+    return data.cache[key]
+
+
+def _trial_spikes(c: pd.DataFrame, cfg: ReportConfig) -> pd.Series:
     if c.empty:
         return pd.Series(dtype=float)
     from orchestrator.analysis.fast_spikes import spike_counts
 
-    c = c[(c["split"] == "train") & (c["metric"] == "loss")].sort_values(
-        ["trial", "step"], kind="stable")
+    c = c[(c["split"] == "train") & (c["metric"] == "loss")]
+    codes, names = pd.factorize(c["trial"])  # ints: no 10M-row string sort or copy
+    step = c["step"].to_numpy()
+    order = sorted_order(codes, step)
+    values = c["value"].fillna(np.inf).to_numpy()
+    if order is not None:
+        codes, values = codes[order], values[order]
     # = spike_count per trial, vectorised up to each curve's first possible spike
-    return spike_counts(c["trial"].to_numpy(), c["value"].fillna(np.inf).to_numpy(),
-                        cfg.spike_factor, cfg.spike_min_delta)
+    counts = spike_counts(codes, values, cfg.spike_factor, cfg.spike_min_delta)
+    counts.index = [str(names[int(i)]) for i in counts.index]
+    return counts
+
+
+def sorted_order(codes: np.ndarray, step: np.ndarray) -> np.ndarray | None:
+    """None when rows are already grouped by ``codes`` in increasing ``step`` (as the sink
+    writes them), else the stable permutation that sorts them by (codes, step)."""
+    dc, ds_ = np.diff(codes), np.diff(step)
+    if not len(dc) or bool(np.all((dc > 0) | ((dc == 0) & (ds_ >= 0)))):
+        return None
+    return np.lexsort((step, codes))
 
 
 def _by_seed(g: pd.DataFrame, col: str) -> pd.Series:

@@ -30,6 +30,7 @@ from orchestrator.analysis.load import (
     with_metric,
 )
 from orchestrator.analysis.tables import _arms_md, _ci, _md_table, arm_table, metric_table
+from orchestrator.analysis.timing import stage
 from orchestrator.analysis.verdicts import write_verdicts
 
 if TYPE_CHECKING:  # annotations only: pandas is not imported here at run time
@@ -55,21 +56,25 @@ def write_report(root: str | Path, baseline: str | None = None,
     cfg = config or ReportConfig()
     if metric:
         cfg = dataclasses.replace(cfg, metric=metric)
-    data = load_sweep(root)
-    data.trials = with_metric(data, cfg.metric)  # validates --metric before anything is written
-    named = _named_baseline(data.root)
-    arms = arm_table(data, baseline, cfg, named)  # validates the baseline before any write
+    with stage("read parquet"):
+        data = load_sweep(root)
+    with stage("arm table"):
+        data.trials = with_metric(data, cfg.metric)  # validates --metric before any write
+        named = _named_baseline(data.root)
+        arms = arm_table(data, baseline, cfg, named)  # validates the baseline before a write
     out = data.root / "report"
     out.mkdir(exist_ok=True)
     for old in out.glob("*.png"):  # figures of an earlier report that may not apply any more
         old.unlink()
     base = str(arms.loc[arms["baseline"], "arm"].iloc[0])
-    trials, lead = _trial_table(data, cfg)
-    arms.to_csv(out / "arms.csv", index=False)
-    trials.to_csv(out / "trials.csv", index=False)
-    patterns = cfg.heatmap_metrics + tuple(p for ms, _ in cfg.growth.values() for p in ms)
-    mtab = metric_table(data, patterns, cfg)
-    mtab.to_csv(out / "metrics.csv", index=False)
+    with stage("trials table + csv"):
+        trials, lead = _trial_table(data, cfg)
+        arms.to_csv(out / "arms.csv", index=False)
+        trials.to_csv(out / "trials.csv", index=False)
+    with stage("metric table"):
+        patterns = cfg.heatmap_metrics + tuple(p for ms, _ in cfg.growth.values() for p in ms)
+        mtab = metric_table(data, patterns, cfg)
+        mtab.to_csv(out / "metrics.csv", index=False)
 
     made, skipped = draw_figures(data, cfg, out)
     from orchestrator.analysis.search_report import search_section
@@ -80,15 +85,18 @@ def write_report(root: str | Path, baseline: str | None = None,
     for title, fname in made:
         lines += [f"### {title}", "", f"![{title}]({fname})", ""]
     lines += _metrics_md(data, cfg, mtab)
-    lines += write_verdicts(data, out, cfg)  # the spec's claims: verdicts.{md,csv}
-    lines += write_frontier(data, out, cfg)  # lr x family sweeps: frontier.{md,csv}
-    lines += ["## Trials", "", _md_table(trials[lead]), ""]
-    if skipped:
-        lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]
-    md = out / "report.md"
-    md.write_text("\n".join(lines))
+    with stage("verdicts + frontier"):
+        lines += write_verdicts(data, out, cfg)  # the spec's claims: verdicts.{md,csv}
+        lines += write_frontier(data, out, cfg)  # lr x family sweeps: frontier.{md,csv}
+    with stage("markdown"):
+        lines += ["## Trials", "", _md_table(trials[lead]), ""]
+        if skipped:
+            lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]
+        md = out / "report.md"
+        md.write_text("\n".join(lines))
     if log_mlflow:
-        note = log_report(data.manifest.get("mlflow_uri"), data.name, out)
+        with stage("mlflow logging"):
+            note = log_report(data.manifest.get("mlflow_uri"), data.name, out)
         md.write_text("\n".join(lines + ["## MLflow", "", f"- {note}", ""]))
     return md
 

@@ -13,6 +13,7 @@ import pandas as pd
 from orchestrator.analysis.importance import param_importance
 from orchestrator.analysis.leaderboard import leaderboard, searched_params
 from orchestrator.analysis.search_figures import fig_objective_vs_params, fig_parallel
+from orchestrator.analysis.timing import stage
 
 __all__ = ["search_section", "sweep_mode"]
 
@@ -36,7 +37,8 @@ def search_section(trials: pd.DataFrame, root: Path, name: str, out: Path,
     lines = ["## Search", ""]
     skipped: list[str] = []
     params = searched_params(trials)
-    board = leaderboard(trials, top=top, mode=mode)
+    with stage("leaderboard"):
+        board = leaderboard(trials, top=top, mode=mode)
     board.to_csv(out / "leaderboard.csv", index=False)
     lines += [f"### Leaderboard (top {len(board)} of {len(trials)} by the objective, "
               f"{'lowest' if mode == 'min' else 'highest'} first; diverged and failed last)",
@@ -46,13 +48,15 @@ def search_section(trials: pd.DataFrame, root: Path, name: str, out: Path,
                                "Objective vs each searched parameter"),
                               (fig_parallel, "parallel_coordinates.png",
                                "Parallel coordinates")):
-        why = fig(trials, out / fname)
+        with stage(f"figure {fname.removesuffix('.png')}"):
+            why = fig(trials, out / fname)
         if why:
             skipped.append(why)
         else:
             lines += [f"### {title}", "", f"![{title}]({fname})", ""]
-    imps, note = param_importance(trials, root, name, mode) if params else (
-        None, "parameter importance: no searched parameter varies")
+    with stage("importance"):
+        imps, note = param_importance(trials, root, name, mode) if params else (
+            None, "parameter importance: no searched parameter varies")
     lines += ["### Parameter importance", "", note, ""]
     if imps:
         tab = pd.DataFrame({"parameter": list(imps), "importance": list(imps.values())})

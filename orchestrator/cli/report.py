@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+from pathlib import Path
 
 from orchestrator.cli.checks import sweep_dir
 from orchestrator.cli.errors import UsageError
@@ -10,12 +13,20 @@ from orchestrator.cli.errors import UsageError
 
 def cmd_report(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
-    from orchestrator.analysis.report import ReportError, write_report
+    from orchestrator.analysis import timing
+
+    timings = os.environ.get(timing.ENV)  # benchmarks/report_scale.py: stage timings
+    if timings:
+        timing.start()
+    with timing.stage("imports"):
+        from orchestrator.analysis.report import ReportError, write_report
 
     try:
         out = write_report(root, baseline=args.baseline, metric=args.metric)
     except ReportError as e:
         raise UsageError(str(e)) from None
+    if timings:
+        Path(timings).write_text(json.dumps(timing.recorded()))
     print(out.read_text() if out.suffix == ".md" else out)
     return 0
 
