@@ -18,7 +18,7 @@ from typing import Any
 
 from orchestrator.sweep.worker import train_worker
 
-__all__ = ["resolve_executor", "trial_driver", "trial_resources"]
+__all__ = ["resolve_executor", "trial_driver", "trial_resources", "prewarm"]
 
 _PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
@@ -42,6 +42,22 @@ def trial_resources(resources: Any) -> dict[str, float]:
     # The driver only waits on its TorchTrainer; a full CPU for it would starve the workers
     # (1 driver + 2 workers at 1 CPU hangs on a 2-core machine: docs/platform.md).
     return {"CPU": 0.01}
+
+
+def prewarm(resources: Any) -> None:
+    """On the sweep's driver, once Ray is up: for the ``train`` executor, create Ray Train's
+    cluster-wide autoscaling coordinator (a detached actor, one per Ray cluster) now, while
+    Tune starts, not in the first trial's Train controller, which waits up to 5 s for it (then
+    goes on without it). Only earlier: the controller would create the same actor."""
+    if resolve_executor(resources) != "train":
+        return
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+    except ImportError:  # another Ray: its controller does what it does
+        return
+    get_or_create_autoscaling_coordinator()
 
 
 def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,

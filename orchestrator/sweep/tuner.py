@@ -232,7 +232,7 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from orchestrator.sweep.experiments import build_experiment_search
-    from orchestrator.sweep.trial import trial_driver, trial_resources
+    from orchestrator.sweep.trial import prewarm, trial_driver, trial_resources
 
     exp = plan.exp
     param_space, search_alg, num_samples = build_experiment_search(exp, plan.storage, spec.name)
@@ -242,6 +242,7 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
         tune.with_parameters(trial_driver, plan=spec.trial_plan(),
                              storage=str(paths.ray_storage / "train"), finished=finished),
         trial_resources(spec.resources))
+    prewarm(spec.resources)
     tune_dir = paths.ray_storage / exp.name
     if restore and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
         tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable,
