@@ -20,7 +20,10 @@ over that of ``in_trial`` in the same round (target <= 1.5; per-trial overhead t
 Last line: JSON with ``train_vs_in_trial``, ``train2_vs_in_trial``,
 ``train_vs_in_trial_fit`` (the same for the Tune phase alone: without the sweep's start and
 end, which both arms share), ``train_overhead_per_trial_s``, ``train2_overhead_per_trial_s``,
-``in_trial_overhead_per_trial_s``, ``train_vs_ideal``, ``in_trial_vs_ideal``.
+``in_trial_overhead_per_trial_s``, ``train_vs_ideal``, ``in_trial_vs_ideal``, and the CPU
+seconds per trial of each arm (``train_cpu_per_trial_s``, ``in_trial_cpu_per_trial_s``,
+``train_cpu_overhead_per_trial_s``: their difference), a figure that load from other processes
+barely moves.
 """
 
 from __future__ import annotations
@@ -70,18 +73,37 @@ def _spec(name: str, arm: str, steps: int, trials: int):
     })
 
 
+def _cluster_cpu() -> float:
+    """CPU seconds used so far by this driver and every process under it: the local Ray it
+    started (GCS, raylet, workers), counting ended workers through their parent's reaped-
+    children time. Unlike wall time, it barely moves with the load from other processes."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:  # ended meanwhile: its parent counts it from now on
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def _measure(spec, out: str) -> dict:
     from orchestrator.sweep.tuner import run_sweep
 
-    t0 = time.time()
+    cpu0, t0 = _cluster_cpu(), time.time()
     res = run_sweep(spec, out, printer=lambda s: None)
     wall = time.time() - t0
+    cpu = _cluster_cpu() - cpu0
     done = [r for r in res.records if r["status"] == "completed"]
     train = [r["train_s"] for r in done if r.get("train_s") is not None]
     over = [r["overhead_s"] for r in done if r.get("overhead_s") is not None]
     setup = [r["setup_s"] for r in done if r.get("setup_s") is not None]
     ideal = sum(train)
     return {"trials": len(res.records), "completed": len(done), "sweep_s": wall,
+            "cpu_per_trial_s": cpu / max(1, len(res.records)),
             "fit_s": res.fit_s, "ideal_s": ideal, "train_s": statistics.median(train),
             "overhead_s": statistics.median(over), "setup_s": statistics.median(setup),
             "vs_ideal": wall / ideal if ideal else float("nan")}
@@ -104,6 +126,8 @@ def main() -> None:
     if args.rounds < 1 or args.trials < 1 or args.seconds <= 0:
         raise SystemExit("train_executor: --rounds, --trials and --seconds must be positive")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # a loaded machine starts Ray's worker processes slowly; Ray's 60 s would fail trials
+    os.environ.setdefault("RAY_worker_register_timeout_seconds", "600")
     from cluster.local import connect, shutdown
 
     sps = _steps_per_second()
@@ -112,7 +136,7 @@ def main() -> None:
     out = tempfile.mkdtemp(prefix="geosweep-train-exec-")
     runs: dict[str, list[dict]] = {a: [] for a in arms}
     loads = [_load()]
-    connect()
+    connect(num_cpus=os.cpu_count() or 2)  # a local Ray of its own: its CPU is counted
     try:
         for rnd in range(args.rounds):
             # alternate the order too: the first sweep of a round is not always the same arm
@@ -122,7 +146,7 @@ def main() -> None:
                 r = _measure(_spec(name, arm, steps, args.trials), out)
                 runs[arm].append(r)
                 print(f"[round {rnd}] {arm:<9} sweep {r['sweep_s']:6.1f} s  "
-                      f"fit {r['fit_s']:6.1f} s  "
+                      f"fit {r['fit_s']:6.1f} s  cpu/trial {r['cpu_per_trial_s']:5.1f} s  "
                       f"overhead/trial {r['overhead_s']:5.2f} s  "
                       f"({r['completed']}/{r['trials']} completed)", flush=True)
             loads.append(_load())
@@ -145,13 +169,16 @@ def _table(runs: dict[str, list[dict]], arms: list[str], steps: int, sps: float,
           f"{args.trials} trials per sweep, 1 at a time; {args.rounds} round(s); "
           f"load averages {' | '.join(loads)}")
     print(f"{'arm':<10}{'workers':>8}{'train s':>9}{'setup s':>9}{'overhead/trial s':>18}"
-          f"{'fit s':>8}{'sweep s':>9}{'x ideal':>9}{'x in_trial':>12}{'fit x in_trial':>16}")
+          f"{'fit s':>8}{'sweep s':>9}{'x ideal':>9}{'x in_trial':>12}{'fit x in_trial':>16}"
+          f"{'CPU-s/trial':>13}")
     for a in arms:
         print(f"{a:<10}{ARMS[a][1]:>8}{med(a, 'train_s'):>9.2f}{med(a, 'setup_s'):>9.2f}"
               f"{med(a, 'overhead_s'):>18.2f}{med(a, 'fit_s'):>8.1f}{med(a, 'sweep_s'):>9.1f}"
-              f"{med(a, 'vs_ideal'):>9.2f}{ratio(a):>12.2f}{ratio(a, 'fit_s'):>16.2f}")
+              f"{med(a, 'vs_ideal'):>9.2f}{ratio(a):>12.2f}{ratio(a, 'fit_s'):>16.2f}"
+              f"{med(a, 'cpu_per_trial_s'):>13.1f}")
     print("sweep s: run_sweep with Ray already up (MLflow store, Tune, records); fit s: the "
-          "Tune phase alone; x ideal: sweep s / the trials' training times back to back")
+          "Tune phase alone; x ideal: sweep s / the trials' training times back to back; "
+          "CPU-s/trial: CPU time of the Ray node and the driver per trial (training included)")
     out = {
         "train_vs_in_trial": ratio("train1"),
         "train_vs_in_trial_fit": ratio("train1", "fit_s"),
@@ -160,6 +187,10 @@ def _table(runs: dict[str, list[dict]], arms: list[str], steps: int, sps: float,
         "train_vs_ideal": med("train1", "vs_ideal"),
         "in_trial_vs_ideal": med("in_trial", "vs_ideal"),
         "train_setup_s": med("train1", "setup_s"),
+        "train_cpu_per_trial_s": med("train1", "cpu_per_trial_s"),
+        "in_trial_cpu_per_trial_s": med("in_trial", "cpu_per_trial_s"),
+        "train_cpu_overhead_per_trial_s": med("train1", "cpu_per_trial_s")
+        - med("in_trial", "cpu_per_trial_s"),
     }
     if "train2" in arms:
         out["train2_vs_in_trial"] = ratio("train2")
