@@ -1,8 +1,10 @@
 """[2] One Tune trial: turn the sampled params into a workload config and train it.
 
 Two executors, chosen per spec (``resources.executor``):
-- ``train``: a ``TorchTrainer`` with N Ray Train workers (DDP over gloo on CPU, NCCL on GPU).
-  Its reports reach Tune through ``TuneReportCallback`` (the Ray 2.60 Train V2 pattern).
+- ``train``: a Ray Train run with N workers (DDP over gloo on CPU, NCCL on GPU; one worker
+  trains without a process group). Its reports reach Tune through a ``TuneReportCallback``
+  (the Ray 2.60 Train V2 pattern). ``TorchTrainer``'s pieces are swapped for the ones in
+  orchestrator/sweep/lean_train.py, which start fewer processes and import less per trial.
 - ``in_trial``: the same per-worker function called directly inside the Tune trial. No Train
   controller, no worker group: measured ~10 s cheaper per trial on CPU (benchmarks/
   sweep_efficiency.py), so ``auto`` picks it for single-worker, GPU-less trials.
@@ -10,12 +12,15 @@ Two executors, chosen per spec (``resources.executor``):
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 from typing import Any
 
 from orchestrator.sweep.worker import train_worker
 
-__all__ = ["resolve_executor", "trial_driver", "trial_resources"]
+__all__ = ["resolve_executor", "trial_driver", "trial_resources", "prewarm"]
+
+_PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 def resolve_executor(resources: Any) -> str:
@@ -37,6 +42,22 @@ def trial_resources(resources: Any) -> dict[str, float]:
     # The driver only waits on its TorchTrainer; a full CPU for it would starve the workers
     # (1 driver + 2 workers at 1 CPU hangs on a 2-core machine: docs/platform.md).
     return {"CPU": 0.01}
+
+
+def prewarm(resources: Any) -> None:
+    """On the sweep's driver, once Ray is up: for the ``train`` executor, create Ray Train's
+    cluster-wide autoscaling coordinator (a detached actor, one per Ray cluster) now, while
+    Tune starts, not in the first trial's Train controller, which waits up to 5 s for it (then
+    goes on without it). Only earlier: the controller would create the same actor."""
+    if resolve_executor(resources) != "train":
+        return
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+    except ImportError:  # another Ray: its controller does what it does
+        return
+    get_or_create_autoscaling_coordinator()
 
 
 def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
@@ -75,24 +96,27 @@ def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
         return
 
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
 
+    from orchestrator.sweep.lean_train import LeanTorchConfig, TuneForward, lean_trainer
+
+    # Ray Train's node-preemption watcher is one more actor process per trial; a preempted
+    # worker still ends as a worker failure that FailureConfig retries. The user's setting wins.
+    os.environ.setdefault(_PREEMPTION_WATCHER_ENV, "0")
     per_worker = {"CPU": float(r.cpus_per_worker), **{k: float(v) for k, v in r.custom.items()}}
     if r.gpus_per_worker:
         per_worker["GPU"] = float(r.gpus_per_worker)
     trial_id = ray.tune.get_context().get_trial_id()
-    trainer = TorchTrainer(
+    trainer = lean_trainer(
         train_worker,
         train_loop_config=loop_config,
-        torch_config=TorchConfig(backend="nccl" if r.gpus_per_worker else "gloo"),
+        backend_config=LeanTorchConfig(backend="nccl" if r.gpus_per_worker else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=r.workers_per_trial, use_gpu=bool(r.gpus_per_worker),
             resources_per_worker=per_worker),
         run_config=ray.train.RunConfig(
             name=f"train-{trial_id}",  # unique per Tune trial, never random (docs/platform.md)
             storage_path=storage,
-            callbacks=[TuneReportCallback()],
+            callbacks=[TuneForward()],
             failure_config=ray.train.FailureConfig(max_failures=r.max_failures),
         ),
     )

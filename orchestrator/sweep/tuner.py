@@ -232,7 +232,7 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from orchestrator.sweep.experiments import build_experiment_search
-    from orchestrator.sweep.trial import resolve_executor, trial_driver, trial_resources
+    from orchestrator.sweep.trial import prewarm, trial_driver, trial_resources
 
     exp = plan.exp
     param_space, search_alg, num_samples = build_experiment_search(exp, plan.storage, spec.name)
@@ -242,6 +242,7 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
         tune.with_parameters(trial_driver, plan=spec.trial_plan(),
                              storage=str(paths.ray_storage / "train"), finished=finished),
         trial_resources(spec.resources))
+    prewarm(spec.resources)
     tune_dir = paths.ray_storage / exp.name
     if restore and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
         tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable,
@@ -264,10 +265,11 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
     tune_config = tune.TuneConfig(
         metric=_objective(), mode=spec.search.mode, search_alg=search_alg,
         scheduler=scheduler, num_samples=num_samples,
-        # the searcher enforces max_concurrent; in-trial trials reuse their actor
-        # (no new process, no torch import per trial: measured in sweep_efficiency)
+        # the searcher enforces max_concurrent; every trial reuses its actor (no new
+        # process and no imports per trial: measured in sweep_efficiency and, for the
+        # TorchTrainer's driver, benchmarks/train_executor.py)
         max_concurrent_trials=None,
-        reuse_actors=resolve_executor(spec.resources) == "in_trial",
+        reuse_actors=True,
     )
     return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
                       run_config=run_config)
