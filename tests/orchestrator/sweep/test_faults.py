@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.store.mlflow_names import mlflow_key
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -85,6 +87,17 @@ def _alive_actor_pids(address: str, class_name: str, env: dict[str, str]) -> lis
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _actor_pids(address: str, class_name: str, env: dict[str, str]) -> dict[int, str]:
+    """pid -> state of every actor of ``class_name`` the cluster has had, dead ones included."""
+    code = ("import json, sys; from ray.util.state import list_actors; "
+            "a = list_actors(address=sys.argv[1], filters=[('class_name', '=', sys.argv[2])], "
+            "timeout=30, detail=True); print(json.dumps({x.pid: x.state for x in a}))")
+    r = subprocess.run([sys.executable, "-c", code, address, class_name], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {int(k): v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
 
 
 def _train_steps(curves, trial: str, metric: str = "loss", split: str = "train") -> list[int]:
@@ -180,6 +193,14 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, executor, actor):
             _kill_group(proc)
         text = log.read_text(errors="replace")
         assert proc.returncode == 0, text[-3000:]
+        # the restart, from Ray itself: the killed actor is dead and another one trained on
+        actors: dict[int, str] = {}
+        for _ in range(60):  # Ray's state API can lag behind a busy machine
+            actors = _actor_pids(head.gcs_address, actor, _env(**ray_env))
+            if len(actors) >= 2 and actors.get(pids[0]) == "DEAD":
+                break
+            time.sleep(1)
+        assert len(actors) >= 2 and actors.get(pids[0]) == "DEAD", (pids, actors)
 
     from orchestrator.store.parquet import read_curves, read_trials
 
@@ -187,7 +208,11 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, executor, actor):
     assert len(trials) == 1
     rec = trials.iloc[0]
     assert rec["status"] == "completed", rec.to_dict()
-    assert rec["retries"] >= 1  # the sink saw the restart
+    # The sink counts a restart it can see: steps reported after the last checkpoint and then
+    # replayed. A kill in the few steps between a checkpoint report and the next report
+    # replays nothing the sink had, so retries may stay 0 then (the restart is proven above,
+    # and every step below is still there exactly once).
+    assert rec["retries"] in (0, 1)
     assert rec["last_step"] == KILL_STEPS
     tid = rec["trial"]
     curves = read_curves(str(parquet), sweep="workerkill")
@@ -200,7 +225,8 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, executor, actor):
     db = out / "workerkill" / "mlflow.db"
     runs = _mlflow_children(db)
     assert list(runs) == [tid]
-    assert _metric_steps(db, runs[tid], "train/loss") == list(range(1, KILL_STEPS + 1))
+    steps = _metric_steps(db, runs[tid], mlflow_key("train/loss"))
+    assert steps == list(range(1, KILL_STEPS + 1))
 
     # the uninterrupted reference, one thread like the Ray worker (OMP_NUM_THREADS=1)
     import torch
@@ -305,7 +331,8 @@ def test_driver_kill_resume_and_extend(tmp_path):
     assert set(children) == set(everything.index)
     for tid in after.index:
         assert _train_steps(curves, tid) == list(range(1, CRASH_STEPS + 1)), tid
-        assert _metric_steps(db, children[tid], "train/loss") == list(range(1, CRASH_STEPS + 1))
+        steps = _metric_steps(db, children[tid], mlflow_key("train/loss"))
+        assert steps == list(range(1, CRASH_STEPS + 1))
     study = [s for _, s in _optuna_trials(sweep / "optuna.db")]  # the study continued
     assert study.count("COMPLETE") == CRASH_SAMPLES and set(study) <= {"COMPLETE", "FAIL"}
     # orphans, plus any trial the searcher had proposed that never started before the kill
