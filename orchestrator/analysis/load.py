@@ -82,21 +82,15 @@ def _fallback_read(root: str, kind: str, sweep: str | None) -> pd.DataFrame:
 
 
 def _read_loss_curves(root: str, sweep: str) -> pd.DataFrame:
-    """curves/ rows with ``metric == 'loss'``; split, metric and trial as categoricals."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-    import pyarrow.fs as pafs
-
-    fs, base = pafs.FileSystem.from_uri(root if "://" in root else str(Path(root).resolve()))
-    folder = f"{base.rstrip('/')}/curves"
-    if fs.get_file_info(folder).type != pafs.FileType.Directory:
-        return pd.DataFrame()
-    part = ds.partitioning(pa.schema([("sweep", pa.string()), ("trial", pa.string())]),
-                           flavor="hive")
-    dset = ds.dataset(folder, format="parquet", filesystem=fs, partitioning=part)
-    table = dset.to_table(filter=(ds.field("sweep") == sweep) & (ds.field("metric") == "loss"),
-                          columns=["step", "split", "metric", "value", "wall_time", "trial"])
-    return table.to_pandas(strings_to_categorical=True)
+    """curves/ rows with ``metric == 'loss'`` (filtered while scanning), without wall_time;
+    split, metric and trial as categoricals (benchmarks/report_scale.py)."""
+    try:
+        from orchestrator.store import parquet as sink
+    except ImportError:
+        df = _fallback_read(root, "curves", sweep)
+        return df[df["metric"] == "loss"] if not df.empty else df
+    return sink.read_curves(root, sweep, metric="loss", categorical=True,
+                            columns=["step", "split", "metric", "value", "trial"])
 
 
 def _read(root: str, kind: str, sweep: str) -> pd.DataFrame:
