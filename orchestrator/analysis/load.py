@@ -189,11 +189,18 @@ def _trial_spikes(c: pd.DataFrame, cfg: ReportConfig) -> pd.Series:
         return pd.Series(dtype=float)
     from orchestrator.analysis.fast_spikes import spike_counts
 
-    c = c[(c["split"] == "train") & (c["metric"] == "loss")]
-    codes, names = pd.factorize(c["trial"])  # ints: no 10M-row string sort or copy
-    step = c["step"].to_numpy()
+    # numpy masks and the trial categorical's codes: no copy of the 10M-row frame, no sort
+    keep = ((c["split"] == "train") & (c["metric"] == "loss")).to_numpy()
+    if isinstance(c["trial"].dtype, pd.CategoricalDtype):
+        all_codes = c["trial"].cat.codes.to_numpy()
+        keep = keep & (all_codes >= 0)  # a row without a trial (-1) belongs to no curve
+        codes, names = all_codes[keep], c["trial"].cat.categories
+    else:
+        codes, names = pd.factorize(c["trial"].to_numpy()[keep])
+    step = c["step"].to_numpy()[keep]
+    values = c["value"].to_numpy(dtype=float, na_value=np.nan)[keep]
+    values[np.isnan(values)] = np.inf  # a missing loss counts as non-finite
     order = sorted_order(codes, step)
-    values = c["value"].fillna(np.inf).to_numpy()
     if order is not None:
         codes, values = codes[order], values[order]
     # = spike_count per trial, vectorised up to each curve's first possible spike
