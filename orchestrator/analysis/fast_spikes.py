@@ -4,10 +4,10 @@
 ``window`` non-spiking losses at every step): 10,000 steps x 1,000 trials is minutes. Until a
 curve's first spike its reference window is simply its last ``window`` finite values, whose
 median is at least their minimum; so a step can only be the first spike if it is non-finite
-or above ``factor`` x the rolling minimum of the previous ``window`` finite values. That test
-is vectorised; ``spike_count``'s loop then runs only from the first such candidate on, with
-its window preloaded, so the count is exactly ``spike_count``'s (tests/orchestrator/
-analysis/test_fast_spikes.py compares them).
+or above ``factor`` x the minimum of the previous ``window`` finite values. That test is
+vectorised over all curves at once (``first_candidates``); ``spike_count``'s loop then runs
+only from each curve's first such candidate on, with its window preloaded, so the count is
+exactly ``spike_count``'s (tests/orchestrator/analysis/test_fast_spikes.py compares them).
 """
 
 from __future__ import annotations
@@ -17,26 +17,73 @@ import pandas as pd
 
 from orchestrator.analysis.stats import spike_episodes
 
-__all__ = ["first_candidate", "fast_spike_count", "spike_counts"]
+__all__ = ["first_candidate", "first_candidates", "fast_spike_count", "spike_counts"]
+
+
+def _prev_window_min(ref: np.ndarray, pos: np.ndarray, window: int) -> np.ndarray:
+    """min of ``ref[max(i - window, group start) : i]`` at every i (+inf: nothing before).
+
+    ``pos`` is each row's index inside its group. Doubling: ``w[i]`` = min of the last ``2**k``
+    values up to i inside the group; a window of ``window`` values is the union of two
+    overlapping windows of ``2**k <= window`` (min is exact, so overlap does not matter).
+    """
+    w, size = ref.copy(), 1
+    while 2 * size <= window:
+        back = np.full_like(w, np.inf)
+        back[size:] = w[:-size]
+        back[pos < size] = np.inf  # the window would cross into the previous group
+        np.minimum(w, back, out=w)
+        size *= 2
+    # w[e] covers [e - size + 1, e]; add [e - window + 1, e - window + size] for e = i - 1
+    shift = window - size
+    full = w
+    if shift:
+        far = np.full_like(w, np.inf)
+        far[shift:] = w[:-shift]
+        far[pos < shift] = np.inf
+        full = np.minimum(w, far)
+    out = np.full_like(ref, np.inf)
+    out[1:] = full[:-1]
+    out[pos == 0] = np.inf
+    return out
+
+
+def first_candidates(starts: np.ndarray, ends: np.ndarray, v: np.ndarray, factor: float,
+                     window: int = 30, min_history: int = 10) -> np.ndarray:
+    """Per group ``v[starts[g]:ends[g]]``: the index (into ``v``) of its first step that could
+    spike, -1 where the curve never spikes. Groups are contiguous and cover ``v``."""
+    v = np.asarray(v, dtype=float)
+    found = np.full(len(starts), -1, dtype=np.int64)
+    if not len(v):
+        return found
+    lengths = ends - starts
+    pos = np.arange(len(v)) - np.repeat(starts, lengths)
+    fin = np.isfinite(v)
+    csum = np.cumsum(fin) - fin  # finite values before each row, over the whole array
+    n_before = csum - np.repeat(csum[starts], lengths)
+    # before a group's first non-finite value (itself a candidate, or an early fallback)
+    # its finite values are all its values: +inf stands for non-finite, later rows may differ
+    # from spike_count's window but never come before the first candidate
+    roll = _prev_window_min(np.where(fin, v, np.inf), pos, window)
+    ok = n_before >= min_history
+    with np.errstate(invalid="ignore", over="ignore"):
+        cand = ok & (~fin | (v > factor * roll))
+    # a non-finite value before min_history makes positional windows != finite windows:
+    # it is a stop too (still exact: spike_count runs from there)
+    hits = np.flatnonzero(cand | (~fin & ~ok))
+    h = np.searchsorted(hits, starts)
+    inside = h < len(hits)
+    inside[inside] &= hits[h[inside]] < ends[inside]
+    found[inside] = hits[h[inside]]
+    return found
 
 
 def first_candidate(v: np.ndarray, factor: float, window: int = 30,
                     min_history: int = 10) -> int | None:
     """Index of the first step that could spike (None: the curve never spikes)."""
-    fin = np.isfinite(v)
-    n_before = np.cumsum(fin) - fin  # finite values before each step
-    ref = np.where(fin, v, np.nan)
-    # rolling minimum of the previous `window` finite values: before the first non-finite
-    # value after min_history (itself a candidate) the finite values are the whole curve
-    roll = pd.Series(ref).rolling(window, min_periods=1).min().shift(1).to_numpy()
-    ok = n_before >= min_history
-    cand = ok & (~fin | (v > factor * roll))
-    idx = np.flatnonzero(cand)
-    # a non-finite value before min_history makes positional windows != finite windows:
-    # fall back to the first such value (still exact: spike_count runs from there)
-    early_nan = np.flatnonzero(~fin & ~ok)
-    first = [int(i) for i in (idx[:1].tolist() + early_nan[:1].tolist())]
-    return min(first) if first else None
+    v = np.asarray(v, dtype=float)
+    c = first_candidates(np.array([0]), np.array([len(v)]), v, factor, window, min_history)
+    return None if c[0] < 0 else int(c[0])
 
 
 def fast_spike_count(v, factor: float, min_delta: float = 0.0, *, window: int = 30,
@@ -44,15 +91,15 @@ def fast_spike_count(v, factor: float, min_delta: float = 0.0, *, window: int = 
     """``spike_count(v, ...)``, computed from the first candidate step on."""
     v = np.asarray(v, dtype=float)
     c = first_candidate(v, factor, window, min_history)
-    if c is None:
-        return 0
-    before = v[:c][np.isfinite(v[:c])][-window:]  # spike_count's window at step c
-    return _count_from(before, v[c:], factor, min_delta, window, z, min_history)
+    return 0 if c is None else _count_from(v[:c], v[c:], factor, min_delta, window, z,
+                                           min_history)
 
 
-def _count_from(before: np.ndarray, rest: np.ndarray, factor: float, min_delta: float,
+def _count_from(head: np.ndarray, rest: np.ndarray, factor: float, min_delta: float,
                 window: int, z: float, min_history: int) -> int:
-    """spike_count's own loop, its window preloaded with ``before``."""
+    """spike_count's own loop on ``rest``, its window preloaded from ``head`` (the values
+    before the first candidate: none of them spiked)."""
+    before = head[np.isfinite(head)][-window:]
     return spike_episodes(rest.tolist(), before.tolist(), factor, min_delta, window, z,
                           min_history)
 
@@ -63,8 +110,13 @@ def spike_counts(trial: np.ndarray, values: np.ndarray, factor: float,
     trial = np.asarray(trial)
     if len(trial) == 0:
         return pd.Series(dtype=float)
+    values = np.asarray(values, dtype=float)
     cut = np.flatnonzero(trial[1:] != trial[:-1]) + 1
-    starts = np.concatenate([[0], cut])
-    ends = np.concatenate([cut, [len(trial)]])
-    return pd.Series({str(trial[a]): fast_spike_count(values[a:b], factor, min_delta)
-                      for a, b in zip(starts, ends)}, dtype=float)
+    starts = np.concatenate([[0], cut]).astype(np.int64)
+    ends = np.concatenate([cut, [len(trial)]]).astype(np.int64)
+    first = first_candidates(starts, ends, values, factor)
+    counts = np.zeros(len(starts))
+    for g in np.flatnonzero(first >= 0):  # only curves that may spike run the exact loop
+        a, c, b = starts[g], first[g], ends[g]
+        counts[g] = _count_from(values[a:c], values[c:b], factor, min_delta, 30, 6.0, 10)
+    return pd.Series(counts, index=[str(t) for t in trial[starts]], dtype=float)

@@ -82,21 +82,15 @@ def _fallback_read(root: str, kind: str, sweep: str | None) -> pd.DataFrame:
 
 
 def _read_loss_curves(root: str, sweep: str) -> pd.DataFrame:
-    """curves/ rows with ``metric == 'loss'``; split, metric and trial as categoricals."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-    import pyarrow.fs as pafs
-
-    fs, base = pafs.FileSystem.from_uri(root if "://" in root else str(Path(root).resolve()))
-    folder = f"{base.rstrip('/')}/curves"
-    if fs.get_file_info(folder).type != pafs.FileType.Directory:
-        return pd.DataFrame()
-    part = ds.partitioning(pa.schema([("sweep", pa.string()), ("trial", pa.string())]),
-                           flavor="hive")
-    dset = ds.dataset(folder, format="parquet", filesystem=fs, partitioning=part)
-    table = dset.to_table(filter=(ds.field("sweep") == sweep) & (ds.field("metric") == "loss"),
-                          columns=["step", "split", "metric", "value", "wall_time", "trial"])
-    return table.to_pandas(strings_to_categorical=True)
+    """curves/ rows with ``metric == 'loss'`` (filtered while scanning), without wall_time;
+    split, metric and trial as categoricals (benchmarks/report_scale.py)."""
+    try:
+        from orchestrator.store import parquet as sink
+    except ImportError:
+        df = _fallback_read(root, "curves", sweep)
+        return df[df["metric"] == "loss"] if not df.empty else df
+    return sink.read_curves(root, sweep, metric="loss", categorical=True,
+                            columns=["step", "split", "metric", "value", "trial"])
 
 
 def _read(root: str, kind: str, sweep: str) -> pd.DataFrame:
@@ -195,11 +189,18 @@ def _trial_spikes(c: pd.DataFrame, cfg: ReportConfig) -> pd.Series:
         return pd.Series(dtype=float)
     from orchestrator.analysis.fast_spikes import spike_counts
 
-    c = c[(c["split"] == "train") & (c["metric"] == "loss")]
-    codes, names = pd.factorize(c["trial"])  # ints: no 10M-row string sort or copy
-    step = c["step"].to_numpy()
+    # numpy masks and the trial categorical's codes: no copy of the 10M-row frame, no sort
+    keep = ((c["split"] == "train") & (c["metric"] == "loss")).to_numpy()
+    if isinstance(c["trial"].dtype, pd.CategoricalDtype):
+        all_codes = c["trial"].cat.codes.to_numpy()
+        keep = keep & (all_codes >= 0)  # a row without a trial (-1) belongs to no curve
+        codes, names = all_codes[keep], c["trial"].cat.categories
+    else:
+        codes, names = pd.factorize(c["trial"].to_numpy()[keep])
+    step = c["step"].to_numpy()[keep]
+    values = c["value"].to_numpy(dtype=float, na_value=np.nan)[keep]
+    values[np.isnan(values)] = np.inf  # a missing loss counts as non-finite
     order = sorted_order(codes, step)
-    values = c["value"].fillna(np.inf).to_numpy()
     if order is not None:
         codes, values = codes[order], values[order]
     # = spike_count per trial, vectorised up to each curve's first possible spike

@@ -282,35 +282,63 @@ def _extra_array(value: Any) -> pa.Array:
 
 
 # --- readers --------------------------------------------------------------------------------
-def _dataset(root: str, kind: str, schema: pa.Schema | None) -> ds.Dataset | None:
+def _dataset(root: str, kind: str, schema: pa.Schema | None,
+             categorical: bool = False) -> ds.Dataset | None:
+    """One dataset over all the kind's files (each footer is read once: the unified schema of
+    the trials is taken from the same fragments that are then scanned)."""
     fs, base = resolve_root(root)
     folder = f"{base}/{kind}"
     if fs.get_file_info(folder).type != pafs.FileType.Directory:
         return None
-    part = ds.partitioning(_PARTITIONING[kind], flavor="hive")
-    dset = ds.dataset(folder, format="parquet", filesystem=fs, partitioning=part)
-    if schema is None:  # trials: param columns differ between files
-        phys = [f.physical_schema for f in dset.get_fragments()]
-        if not phys:
-            return None
-        schema = pa.unify_schemas(phys + [_PARTITIONING[kind]], promote_options="permissive")
-    else:
-        schema = pa.unify_schemas([schema, _PARTITIONING[kind]])
-    return ds.dataset(folder, format="parquet", filesystem=fs, partitioning=part, schema=schema)
+    # categorical: sweep/trial as dictionaries (one string per file, not per row) and the
+    # string columns read as dictionaries (as written): no per-row Python strings in pandas
+    part = ds.partitioning(_PARTITIONING[kind], flavor="hive",
+                           dictionaries="infer" if categorical else None)
+    fmt: Any = "parquet"
+    if categorical and schema is not None:
+        strings = [f.name for f in schema if pa.types.is_string(f.type)]
+        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(
+            dictionary_columns=strings))
+    keys = _PARTITIONING[kind]
+    if schema is not None and categorical:
+        # the first file's types (dictionary keys need an inferring partitioning, which
+        # cannot take an explicit schema); the other files are cast to them while scanning
+        return ds.dataset(folder, format=fmt, filesystem=fs, partitioning=part)
+    if schema is not None:  # curves/metrics: the files hold these columns (maybe large_string)
+        schema = pa.unify_schemas([schema, keys])
+        return ds.dataset(folder, format=fmt, filesystem=fs, partitioning=part, schema=schema)
+    # trials: param columns differ between files; the same fragments (footers read once)
+    # are scanned under their unified schema
+    dset = ds.dataset(folder, format=fmt, filesystem=fs, partitioning=part)
+    frags = list(dset.get_fragments())
+    phys = [f.physical_schema for f in frags]
+    if not phys:
+        return None
+    schema = pa.unify_schemas(phys + [keys], promote_options="permissive")
+    return ds.FileSystemDataset(frags, schema, dset.format, filesystem=fs)
 
 
-def _read(root: str, kind: str, sweep: str | None, schema: pa.Schema | None) -> pd.DataFrame:
-    dset = _dataset(root, kind, schema)
+def _read(root: str, kind: str, sweep: str | None, schema: pa.Schema | None,
+          where: ds.Expression | None = None, columns: list[str] | None = None,
+          categorical: bool = False) -> pd.DataFrame:
+    dset = _dataset(root, kind, schema, categorical)
+    names = list((schema or TRIAL_SCHEMA).names) + list(_PARTITIONING[kind].names)
     if dset is None:
-        cols = list((schema or TRIAL_SCHEMA).names) + list(_PARTITIONING[kind].names)
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=columns or names)
     filt = None if sweep is None else ds.field("sweep") == sweep
-    return dset.to_table(filter=filt).to_pandas()
+    if where is not None:
+        filt = where if filt is None else filt & where
+    table = dset.to_table(filter=filt, columns=columns)
+    return table.to_pandas(strings_to_categorical=categorical)
 
 
-def read_curves(root: str, sweep: str | None = None) -> pd.DataFrame:
-    """All curve points (columns of CURVE_SCHEMA + sweep, trial)."""
-    return _read(root, "curves", sweep, CURVE_SCHEMA)
+def read_curves(root: str, sweep: str | None = None, *, metric: str | None = None,
+                columns: list[str] | None = None, categorical: bool = False) -> pd.DataFrame:
+    """All curve points (columns of CURVE_SCHEMA + sweep, trial). ``metric``: only its rows
+    (filtered while scanning); ``columns``: only those; ``categorical``: string columns
+    (split, metric, sweep, trial) as pandas categoricals, far cheaper on long curves."""
+    where = None if metric is None else ds.field("metric") == metric
+    return _read(root, "curves", sweep, CURVE_SCHEMA, where, columns, categorical)
 
 
 def read_metrics(root: str, sweep: str | None = None) -> pd.DataFrame:

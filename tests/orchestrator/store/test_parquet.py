@@ -177,3 +177,35 @@ def test_empty_and_bad_names(tmp_path):
         ParquetSink(str(tmp_path), "sw").write_curve("a/b", _curve(1, 2))
     with pytest.raises(ValueError, match="sweep="):
         ParquetSink(str(tmp_path), "x=y")
+
+
+def test_read_curves_projection_filter_categorical(tmp_path):
+    """metric filter + columns + categoricals = the full read, filtered, in the same rows;
+    a file written elsewhere with large_string columns is read too (cast while scanning)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    sink = ParquetSink(str(tmp_path), "s")
+    for t in ("a", "b"):
+        sink.write_curve(t, [{"step": s, "split": sp, "metric": m, "value": s * 0.5 + len(m),
+                              "wall_time": float(s)}
+                             for s in range(1, 6) for sp in ("train", "val")
+                             for m in ("loss", "grad_norm")])
+    other = pa.table({"step": pa.array([1, 2], pa.int64()),
+                      "split": pa.array(["train"] * 2, pa.large_string()),
+                      "metric": pa.array(["loss", "grad_norm"], pa.large_string()),
+                      "value": [7.0, 8.0], "wall_time": [0.0, 1.0]})
+    folder = tmp_path / "curves" / "sweep=s" / "trial=c"
+    folder.mkdir(parents=True)
+    pq.write_table(other, folder / "part-00000001-00000002.parquet")
+    cols = ["step", "split", "metric", "value", "trial"]
+    got = read_curves(str(tmp_path), "s", metric="loss", columns=cols, categorical=True)
+    assert list(got.columns) == cols
+    assert all(isinstance(got[c].dtype, pd.CategoricalDtype) for c in ("split", "trial"))
+    full = read_curves(str(tmp_path), "s")
+    want = full[full["metric"] == "loss"][cols]
+    key = ["trial", "split", "step"]
+    norm = [d.astype({c: str for c in ("split", "metric", "trial")}).sort_values(key)
+            .reset_index(drop=True) for d in (got, want)]
+    pd.testing.assert_frame_equal(norm[0], norm[1], check_dtype=False)
+    assert len(got) == 2 * 5 * 2 + 1 and set(got["trial"]) == {"a", "b", "c"}
