@@ -7,6 +7,7 @@ import math
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from orchestrator.sweep.spec import SpecError, SweepSpec
@@ -17,8 +18,9 @@ from workloads.residual import RESIDUALS
 
 pytestmark = pytest.mark.timeout(120)
 
-SHIPPED = ["continuity_llama", "continuity_mlp", "manifold_assignment",
-           "manifold_assignment_gpt2", "norm_ablation", "quickstart", "spheret_p_search"]
+SHIPPED = ["continuity_llama", "continuity_mlp", "continuity_mlp_core",
+           "manifold_assignment", "manifold_assignment_gpt2", "norm_ablation", "quickstart",
+           "spheret_p_search"]
 
 
 def base() -> dict:
@@ -328,3 +330,20 @@ def test_arm_label_is_short_stable_and_seed_free():
     assert s.arm_label(flat) == ("model.residual.family=spheret,model.residual.p=inf,"
                                  "optim.lr=0.001")
     assert s.arm_label({**flat, "train.seed": 0}) == s.arm_label(flat)
+
+
+def test_continuity_mlp_core_is_the_claim_subset_of_continuity_mlp():
+    """docs/results.md's Paper C verdicts come from the core spec: it must be continuity_mlp
+    with fewer arms (same workload, budget, divergence rules and claims), and every arm a
+    claim names must be in its trial plan."""
+    full, core = load_spec("continuity_mlp"), load_spec("continuity_mlp_core")
+    for field in ("workload", "budget", "divergence", "claims", "seeds"):
+        assert getattr(core, field) == getattr(full, field), field
+    from orchestrator.analysis.verdicts import _matches
+    from orchestrator.sweep.space import grid_trials
+
+    trials = pd.DataFrame(grid_trials(core))
+    assert len(trials) == 4 * len(core.seeds if isinstance(core.seeds, list) else range(3))
+    for claim in core.claims:
+        for side in (claim.arm, claim.baseline):
+            assert _matches(trials, side).any(), (claim.id, side)
