@@ -44,33 +44,50 @@ def arm_table(data: SweepData, baseline: str | None = None,
     spikes = trial_spikes(data, cfg)
     step_col = next((c for c in ("last_step", "steps") if c in t.columns), None)
     base_done = t[(t["arm"] == base) & (t["status"] == "completed")]
-    # one groupby, not a boolean filter of the whole table per arm: a search has an arm per
-    # trial, and 1,000 filters of a 1,000-row frame cost minutes (benchmarks/report_scale.py)
-    groups = dict(iter(t.groupby("arm", sort=False)))
+    base_seeds = _by_seed(base_done, cfg.metric).to_dict()  # once, not once per arm
+    # Columns as arrays and each arm's row positions from one groupby: a search has an arm per
+    # trial, and per-arm pandas filters of the whole frame cost minutes at 1,000 trials
+    # (benchmarks/report_scale.py); per arm only small numpy slices remain.
+    pos = t.groupby("arm", sort=False).indices
+    col = {c: pd.to_numeric(t[c], errors="coerce").to_numpy(float)
+           for c in ("final_val_loss", "best_val_loss", "divergence_step")
+           if c in t.columns}
+    col["metric"] = pd.to_numeric(t[cfg.metric], errors="coerce").to_numpy(float)
+    col["step"] = (pd.to_numeric(t[step_col], errors="coerce").to_numpy(float) if step_col
+                   else np.full(len(t), np.nan))
+    status = t["status"].astype(str).to_numpy()
+    seeds = t["seed"].to_numpy(object)
+    sp_all = spikes.reindex(t["trial"]).to_numpy(float)
+    nan_col = np.full(len(t), np.nan)
     rows = []
     for arm in arms:
-        g = groups[arm]
-        done = g[g["status"] == "completed"]
-        stopped = g[g["status"] == "stopped"]
-        n_div = int((g["status"] == "diverged").sum())
-        n_term = int(g["status"].isin(TERMINAL).sum())
-        fm, flo, fhi = t_interval(done["final_val_loss"], cfg.conf)
-        bm, blo, bhi = t_interval(done["best_val_loss"], cfg.conf)
+        ix = pos[arm]
+        st_ = status[ix]
+        done, stopped = ix[st_ == "completed"], ix[st_ == "stopped"]
+        n_div = int((st_ == "diverged").sum())
+        n_term = int(np.isin(st_, list(TERMINAL)).sum())
+        fm, flo, fhi = t_interval(col["final_val_loss"][done], cfg.conf)
+        bm, blo, bhi = t_interval(col["best_val_loss"][done], cfg.conf)
         rate, rlo, rhi = wilson_interval(n_div, n_term, cfg.conf)
-        mm, mlo, mhi = t_interval(done[cfg.metric], cfg.conf)
-        pr = paired_difference(_by_seed(done, cfg.metric),
-                               _by_seed(base_done, cfg.metric), cfg.conf)
-        sp = spikes.reindex(g["trial"]).dropna()
-        div_steps = g.loc[g["status"] == "diverged", "divergence_step"].dropna()
+        mm, mlo, mhi = t_interval(col["metric"][done], cfg.conf)
+        pr = paired_difference(_seed_means(seeds[done], col["metric"][done]), base_seeds,
+                               cfg.conf)
+        sp = sp_all[ix]
+        sp = sp[~np.isnan(sp)]
+        div_steps = col.get("divergence_step", nan_col)[ix[st_ == "diverged"]]
+        div_steps = div_steps[~np.isnan(div_steps)]
+        stop_steps = col["step"][stopped]
+        stop_steps = stop_steps[~np.isnan(stop_steps)]
+        stop_vals = col["final_val_loss"][stopped]
+        stop_vals = stop_vals[~np.isnan(stop_vals)]
         rows.append({
-            "arm": arm, "baseline": arm == base, "n_seeds": int(g["seed"].nunique()),
-            "n_trials": len(g), "n_completed": len(done), "n_diverged": n_div,
-            "n_failed": int((g["status"] == "failed").sum()),
+            "arm": arm, "baseline": arm == base,
+            "n_seeds": len({x for x in seeds[ix].tolist() if x is not None and x == x}),
+            "n_trials": len(ix), "n_completed": len(done), "n_diverged": n_div,
+            "n_failed": int((st_ == "failed").sum()),
             "n_stopped": len(stopped),
-            "stopped_step": float(stopped[step_col].max()) if len(stopped) and step_col
-            else np.nan,
-            "stopped_val": float(pd.to_numeric(stopped["final_val_loss"], errors="coerce")
-                                 .mean()) if len(stopped) else np.nan,
+            "stopped_step": float(stop_steps.max()) if len(stop_steps) else np.nan,
+            "stopped_val": float(stop_vals.mean()) if len(stop_vals) else np.nan,
             "final_val_mean": fm, "final_val_lo": flo, "final_val_hi": fhi,
             "best_val_mean": bm, "best_val_lo": blo, "best_val_hi": bhi,
             "metric": cfg.metric, "metric_mean": mm, "metric_lo": mlo, "metric_hi": mhi,
@@ -80,13 +97,27 @@ def arm_table(data: SweepData, baseline: str | None = None,
             "diff_hi": pr.hi if arm != base else np.nan,
             "p_value": pr.p if arm != base else np.nan,
             "div_rate": rate, "div_lo": rlo, "div_hi": rhi,
-            "median_div_step": float(div_steps.median()) if len(div_steps) else np.nan,
+            "median_div_step": float(np.median(div_steps)) if len(div_steps) else np.nan,
             "spikes_per_trial": float(sp.mean()) if len(sp) else np.nan,
             "spikes_total": int(sp.sum()) if len(sp) else 0,
         })
     out = pd.DataFrame(rows)
     out["p_holm"] = holm(out["p_value"].tolist())
     return out
+
+
+def _seed_means(seeds: np.ndarray, values: np.ndarray) -> dict[Any, float]:
+    """seed -> mean of its non-NaN values (``_by_seed``'s groupby-mean), for an arm's few
+    trials without a pandas groupby each."""
+    sums: dict[Any, float] = {}
+    counts: dict[Any, int] = {}
+    for seed, v in zip(seeds.tolist(), values.tolist(), strict=True):
+        sums.setdefault(seed, 0.0)
+        counts.setdefault(seed, 0)
+        if not math.isnan(v):
+            sums[seed] += v
+            counts[seed] += 1
+    return {k: sums[k] / counts[k] if counts[k] else math.nan for k in sums}
 
 
 def _match(values: pd.Series, patterns: tuple[str, ...]) -> pd.Series:

@@ -78,26 +78,22 @@ def _wait(cond, timeout: float, proc: subprocess.Popen, log: Path, what: str):
 
 
 def _alive_actor_pids(address: str, class_name: str, env: dict[str, str]) -> list[int]:
-    """Ray's state API, asked from a fresh process: Ray caches its auth mode per process, and
-    another test of this session may have started a token-less Ray in this one."""
-    code = ("import json, sys; from ray.util.state import list_actors; "
-            "a = list_actors(address=sys.argv[1], filters=[('class_name', '=', sys.argv[2]), "
-            "('state', '=', 'ALIVE')], timeout=30); print(json.dumps([x.pid for x in a]))")
-    r = subprocess.run([sys.executable, "-c", code, address, class_name], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=90)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return [pid for pid, state in _actor_pids(address, class_name, env).items()
+            if state == "ALIVE"]
 
 
 def _actor_pids(address: str, class_name: str, env: dict[str, str]) -> dict[int, str]:
-    """pid -> state of every actor of ``class_name`` the cluster has had, dead ones included."""
+    """pid -> state of every actor of ``class_name`` the cluster has had, dead ones included.
+    Asked from a fresh process: Ray caches its auth mode per process, and another test of this
+    session may have started a token-less Ray in this one."""
     code = ("import json, sys; from ray.util.state import list_actors; "
             "a = list_actors(address=sys.argv[1], filters=[('class_name', '=', sys.argv[2])], "
-            "timeout=30, detail=True); print(json.dumps({x.pid: x.state for x in a}))")
+            "timeout=30); print(json.dumps({x.pid: x.state for x in a}))")
     r = subprocess.run([sys.executable, "-c", code, address, class_name], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr[-2000:]
-    return {int(k): v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return {int(k): v for k, v in got.items() if k.isdigit() and int(k) > 0}  # never started: no pid
 
 
 def _train_steps(curves, trial: str, metric: str = "loss", split: str = "train") -> list[int]:
