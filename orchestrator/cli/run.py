@@ -78,8 +78,9 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
     if result.interrupted:
         print(f"[geosweep] interrupted after {result.wall_s:.0f}s: {summary}")
         raise SweepInterrupted(root)
-    failed = c.get("failed", 0)
-    if failed and failed == sum(c.values()):
+    lost = result.lost  # crash orphans of a resumed sweep: re-run, kept as failed records
+    failed = c.get("failed", 0) - lost
+    if failed and failed == sum(c.values()) - lost:
         print(f"geosweep: error: every trial failed ({summary}); see geosweep status {root}",
               file=sys.stderr)
         return 1
@@ -93,6 +94,9 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
     print(f"[geosweep] MLflow store:    {p.mlflow_uri}")
     print(f"[geosweep] browse:          geosweep ui {p.root}")
     print(f"[geosweep] tables:          geosweep report {p.root}")
+    if lost:
+        print(f"[geosweep] {lost} failed record(s) are trials the earlier driver crash lost; "
+              "their slots ran again")
     if failed:
         print(f"geosweep: error: {failed} of {sum(c.values())} trials failed; see geosweep "
               f"status {root}", file=sys.stderr)

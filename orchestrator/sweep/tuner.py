@@ -24,6 +24,11 @@ from orchestrator.sweep.spec import SweepSpec
 __all__ = ["SweepPaths", "SweepResult", "sweep_paths", "run_sweep", "make_progress", "Extension"]
 
 
+# the error of a trial an earlier driver started but its crash lost (``_close_orphans``)
+ORPHAN_REASON = ("lost in a driver crash before Tune's experiment snapshot held it; the "
+                 "searcher re-proposed its slot")
+
+
 @dataclass
 class SweepResult:
     paths: SweepPaths
@@ -33,6 +38,13 @@ class SweepResult:
     counts: dict[str, int] = field(default_factory=dict)
     fit_s: float = 0.0  # the Tune phase alone (no Ray start, no MLflow store creation)
     interrupted: bool = False  # Ctrl-C: the parent run is KILLED; `geosweep resume` continues
+
+    @property
+    def lost(self) -> int:
+        """Failed records that are crash orphans (``ORPHAN_REASON``): their slots ran again,
+        so they are bookkeeping of the earlier crash, not trials that failed."""
+        return sum(1 for r in self.records if r.get("status") == "failed"
+                   and str(r.get("error") or "") == ORPHAN_REASON)
 
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
@@ -289,8 +301,7 @@ def _close_orphans(sink_cb: Any, mlflow: Any, previous: list[dict[str, Any]],
     searcher proposed their slots again. Their records, MLflow child runs (one may exist
     without a Parquet record when the crash fell between the two writes) and Optuna trials
     would stay "running" forever: end them as failed, keeping their rows."""
-    why = "lost in a driver crash before Tune's experiment snapshot held it; the searcher " \
-          "re-proposed its slot"
+    why = ORPHAN_REASON
     seen = sink_cb.seen()
     for r in previous:
         if r.get("status") == "running" and r["trial"] not in seen:

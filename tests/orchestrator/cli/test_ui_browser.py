@@ -126,11 +126,14 @@ def browser(tmp_path: Path):
 
 
 def _wait(driver, cond, timeout: float = 60, what: str = ""):
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # React re-renders the page while it loads: an element found a moment ago may be gone by
+    # the time it is read (stale); that is "not yet", so the wait polls again
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.5).until(cond)
+        return WebDriverWait(driver, timeout, poll_frequency=0.5,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(cond)
     except TimeoutException:
         pytest.fail(f"timed out waiting for {what}; page text: "
                     f"{driver.find_element('tag name', 'body').text[:1500]!r}")
@@ -174,8 +177,12 @@ def test_mlflow_ui_renders_the_sweep(sweep: Path, ui: str, browser, tmp_path: Pa
     # 1. the sweep's link: its runs table with parameter and loss columns
     browser.get(ui)
     _wait(browser, _text_present(parent.info.run_name), what="the parent run")
-    for close in browser.find_elements("css selector", "button[aria-label='Close']"):
-        close.click()  # the "MLflow Assistant" side panel: not part of what we show
+    def close_panels(d) -> bool:  # the "MLflow Assistant" side panel: not part of what we show
+        for close in d.find_elements("css selector", "button[aria-label='Close']"):
+            close.click()
+        return True
+
+    _wait(browser, close_panels, what="closing side panels")
 
     def headers(d):
         return [e.text for e in d.find_elements("css selector", "[role=columnheader]")]
@@ -184,10 +191,14 @@ def test_mlflow_ui_renders_the_sweep(sweep: Path, ui: str, browser, tmp_path: Pa
     _wait(browser, lambda d: want <= set(headers(d)), what=f"the columns {sorted(want)}")
     # 2. the parent expanded (the chevron in its name cell) to its children, named by arm
     if not all(name in browser.find_element("tag name", "body").text for name in ARMS):
-        expander = _wait(browser, lambda d: d.find_elements(
-            "css selector", "button[data-component-id*='runnamecellrenderer']"),
-            what="the nested-runs expander")
-        expander[0].click()
+        def expand(d) -> bool:
+            found = d.find_elements("css selector",
+                                    "button[data-component-id*='runnamecellrenderer']")
+            if found:
+                found[0].click()
+            return bool(found)
+
+        _wait(browser, expand, what="the nested-runs expander")
     for name in ARMS:
         _wait(browser, _text_present(name), what=f"child run {name}")
     _wait(browser, _text_present("1e+30"), what="the diverged arm's optim.lr cell")
