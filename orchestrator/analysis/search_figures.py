@@ -70,15 +70,21 @@ def _groups(trials: pd.DataFrame) -> dict[str, np.ndarray]:
             "diverged": np.isin(s, ("diverged", "failed"))}
 
 
+def _searched(trials: pd.DataFrame) -> tuple[list[str], np.ndarray, dict, np.ndarray]:
+    """What both search figures start from: the searched params, the objective per trial,
+    the status groups and which trials have a finite, non-diverged objective."""
+    params = searched_params(trials)
+    y = rank_value(trials).to_numpy(dtype=float)
+    g = _groups(trials)
+    return params, y, g, np.isfinite(y) & ~g["diverged"]
+
+
 def fig_objective_vs_params(trials: pd.DataFrame, path: Path,
                             label: str = "objective") -> str | None:
     """One panel per searched param; returns why it was skipped, or None."""
-    params = searched_params(trials)
+    params, y, g, ok = _searched(trials)
     if not params:
         return "objective vs parameters: no searched parameter varies"
-    y = rank_value(trials).to_numpy(dtype=float)
-    g = _groups(trials)
-    ok = np.isfinite(y) & ~g["diverged"]
     ylo, yhi = (np.nanmin(y[ok]), np.nanquantile(y[ok], 0.98)) if ok.any() else (0.0, 1.0)
     cols = min(3, len(params))
     rows = math.ceil(len(params) / cols)
@@ -122,12 +128,9 @@ def fig_parallel(trials: pd.DataFrame, path: Path, label: str = "objective") -> 
     a polyline coloured by its objective (diverged: red, dashed; stopped: grey)."""
     from matplotlib.collections import LineCollection
 
-    params = searched_params(trials)
+    params, y, g, ok = _searched(trials)
     if not params:
         return "parallel coordinates: no searched parameter varies"
-    y = rank_value(trials).to_numpy(dtype=float)
-    g = _groups(trials)
-    ok = np.isfinite(y) & ~g["diverged"]
     cols, names, ends = [], [], []
     for p in params:
         x, ticks, labels, log = axis_values(trials[p])
