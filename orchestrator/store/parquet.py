@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 from typing import Any
 
@@ -318,17 +319,34 @@ def _dataset(root: str, kind: str, schema: pa.Schema | None,
     return ds.FileSystemDataset(frags, schema, dset.format, filesystem=fs)
 
 
+# A live sweep's writer replaces files while a reader (status --watch, report, resume checks)
+# scans them: a fragment whose footer was read before the rename is then read from the new
+# file (thrift "Invalid data"), or a merged part is deleted between listing and reading
+# (FileNotFoundError). Each write is atomic, so a fresh listing is consistent again: such a
+# scan is retried on a fresh dataset. A file that fails on every try is really broken, and the
+# last error is raised (the CLI turns it into one line).
+_SCAN_TRIES = 4
+_SCAN_BACKOFF_S = 0.1
+
+
 def _read(root: str, kind: str, sweep: str | None, schema: pa.Schema | None,
           where: ds.Expression | None = None, columns: list[str] | None = None,
           categorical: bool = False) -> pd.DataFrame:
-    dset = _dataset(root, kind, schema, categorical)
     names = list((schema or TRIAL_SCHEMA).names) + list(_PARTITIONING[kind].names)
-    if dset is None:
-        return pd.DataFrame(columns=columns or names)
     filt = None if sweep is None else ds.field("sweep") == sweep
     if where is not None:
         filt = where if filt is None else filt & where
-    table = dset.to_table(filter=filt, columns=columns)
+    for attempt in range(_SCAN_TRIES):
+        try:
+            dset = _dataset(root, kind, schema, categorical)
+            if dset is None:
+                return pd.DataFrame(columns=columns or names)
+            table = dset.to_table(filter=filt, columns=columns)
+            break
+        except (OSError, pa.ArrowInvalid):
+            if attempt == _SCAN_TRIES - 1:
+                raise
+            time.sleep(_SCAN_BACKOFF_S * 2 ** attempt)
     return table.to_pandas(strings_to_categorical=categorical)
 
 

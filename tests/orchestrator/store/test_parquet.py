@@ -209,3 +209,57 @@ def test_read_curves_projection_filter_categorical(tmp_path):
             .reset_index(drop=True) for d in (got, want)]
     pd.testing.assert_frame_equal(norm[0], norm[1], check_dtype=False)
     assert len(got) == 2 * 5 * 2 + 1 and set(got["trial"]) == {"a", "b", "c"}
+
+
+def _stale_then_real(monkeypatch, change):
+    """Make the first dataset a reader builds stale: its footers are read, then ``change()``
+    (the live sweep's writer) replaces or deletes files before the scan."""
+    from orchestrator.store import parquet
+
+    real, calls = parquet._dataset, []
+
+    def first_stale(*a, **kw):
+        dset = real(*a, **kw)
+        calls.append(1)
+        if len(calls) == 1:
+            for frag in dset.get_fragments():
+                frag.ensure_complete_metadata()  # footers cached, as a reader would
+            change()
+        return dset
+
+    monkeypatch.setattr(parquet, "_dataset", first_stale)
+    monkeypatch.setattr(parquet, "_SCAN_BACKOFF_S", 0.0)
+    return calls
+
+
+def test_reader_racing_the_live_writer_rescans(tmp_path, monkeypatch):
+    """A trial record rewritten (renamed over) between footer read and scan, and a curve part
+    merged away (deleted) between listing and scan: the read is retried, never fails, and
+    returns the newest rows (CI saw thrift 'Invalid data' here from test_faults' poller)."""
+    root = str(tmp_path)
+    sink = ParquetSink(root, "sw")
+    sink.write_trial({"trial": "t1", "status": "running", "params": {"optim.lr": 1e-3}})
+    sink.write_curve("t1", _curve(1, 20))
+    newer = {"trial": "t1", "status": "completed", "final_val_loss": 2.5,
+             "arm": "a much longer arm name " * 40, "params": {"optim.lr": 1e-3}}
+    calls = _stale_then_real(monkeypatch, lambda: sink.write_trial(newer))
+    df = read_trials(root)
+    assert len(calls) == 2 and df.loc[0, "status"] == "completed"
+
+    calls = _stale_then_real(monkeypatch, lambda: sink.write_curve("t1", _curve(15, 40)))
+    df = read_curves(root, "sw")
+    assert len(calls) == 2 and df["step"].max() == 40
+    assert not df.duplicated(["step", "split", "metric"]).any()
+
+
+def test_really_broken_part_still_raises(tmp_path, monkeypatch):
+    """The rescan is bounded: a truncated file fails every try and its error is raised."""
+    from orchestrator.store import parquet
+
+    monkeypatch.setattr(parquet, "_SCAN_BACKOFF_S", 0.0)
+    sink = ParquetSink(str(tmp_path), "sw")
+    sink.write_curve("t1", _curve(1, 20))
+    (part,) = (tmp_path / "curves/sweep=sw/trial=t1").glob("part-*.parquet")
+    part.write_bytes(part.read_bytes()[:-40])
+    with pytest.raises((OSError, ValueError)):
+        read_curves(str(tmp_path), "sw")
