@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.analysis.fast_spikes import recorded_spikes  # noqa: E402
 from orchestrator.store.parquet import CURVE_SCHEMA, ParquetSink  # noqa: E402
 
 SWEEP = "scale"
@@ -93,6 +94,8 @@ def build(root: Path, trials: int, steps: int, seed: int = 0) -> int:
         folder = proot / "curves" / f"sweep={SWEEP}" / f"trial={rec['trial']}"
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, folder / f"part-{1:08d}-{rec['last_step']:08d}.parquet")
+        # as the sweep's callback does when a trial ends: its spike count from its curve
+        rec["spikes"], rec["spikes_rule"] = recorded_spikes(sink.train_losses(rec["trial"]))
         sink.write_trial(rec)
         rows += table.num_rows
     (root / "sweep.json").write_text(json.dumps({

@@ -15,9 +15,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from orchestrator.analysis.spike_rule import SPIKE_FACTOR, SPIKE_MIN_DELTA, spike_rule
 from orchestrator.analysis.stats import spike_episodes
 
-__all__ = ["first_candidate", "first_candidates", "fast_spike_count", "spike_counts"]
+__all__ = ["first_candidate", "first_candidates", "fast_spike_count", "spike_counts",
+           "recorded_spikes"]
+
+
+def recorded_spikes(train_losses: list[float]) -> tuple[int | None, str]:
+    """A finished trial's ``(spikes, spikes_rule)`` under the default rule (None: no curve);
+    missing losses count as non-finite, as in the report."""
+    if not train_losses:
+        return None, spike_rule(SPIKE_FACTOR, SPIKE_MIN_DELTA)
+    v = np.asarray(train_losses, dtype=float)
+    v[np.isnan(v)] = np.inf
+    return (fast_spike_count(v, SPIKE_FACTOR, SPIKE_MIN_DELTA),
+            spike_rule(SPIKE_FACTOR, SPIKE_MIN_DELTA))
 
 
 def _prev_window_min(ref: np.ndarray, pos: np.ndarray, window: int) -> np.ndarray:

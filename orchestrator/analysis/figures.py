@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.analysis.load import ReportConfig, SweepData, arm_order
+from orchestrator.analysis.load import ReportConfig, SweepData, arm_order, curves_of
 from orchestrator.analysis.stats import t_interval
 from orchestrator.analysis.tables import _match
 from orchestrator.analysis.timing import stage
@@ -90,8 +90,9 @@ def _best_arms(data: SweepData, arms: list[str], k: int) -> list[str]:
         return arms
     t = data.trials[data.trials["status"] == "completed"]
     mean = t.groupby("arm")["final_val_loss"].mean()
+    pos = {a: i for i, a in enumerate(arms)}
     order = sorted(arms, key=lambda a: (not np.isfinite(mean.get(a, np.nan)),
-                                        mean.get(a, np.nan), arms.index(a)))
+                                        mean.get(a, np.nan), pos[a]))
     return order[:k]
 
 
@@ -109,14 +110,13 @@ def _thin(d: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fig_loss_curves(data: SweepData, cfg: ReportConfig, arms, labels, colors, path) -> str | None:
-    c = data.curves
+    arms = _best_arms(data, arms, MAX_CURVE_ARMS)  # a search has an arm per trial
+    keep = data.trials.loc[data.trials["arm"].isin(arms), "trial"]
+    c = curves_of(data, keep)  # only the drawn arms' trials are read
     c = c[c["metric"] == "loss"] if not c.empty else c
     splits = [s for s in ("train", "val") if not c.empty and (c["split"] == s).any()]
     if not splits:
         return "loss curves: no train/val loss rows in curves/"
-    arms = _best_arms(data, arms, MAX_CURVE_ARMS)  # a search has an arm per trial
-    keep = data.trials.loc[data.trials["arm"].isin(arms), "trial"]
-    c = c[c["trial"].isin(keep)]
     fig = _figure(5.5 * len(splits), 4.5)
     axes = fig.subplots(1, len(splits), squeeze=False)[0]
     for ax, split in zip(axes, splits):

@@ -92,9 +92,9 @@ def study_from_trials(trials: pd.DataFrame, mode: str = "min"):
             dists[p] = CategoricalDistribution(cats)
             values[p] = text
     study = optuna.create_study(direction="minimize" if mode == "min" else "maximize")
-    for i, v in enumerate(y.astype(float).tolist()):
-        study.add_trial(optuna.trial.create_trial(
-            params={p: values[p][i] for p in dists}, distributions=dists, value=v))
+    study.add_trials([optuna.trial.create_trial(
+        params={p: values[p][i] for p in dists}, distributions=dists, value=v)
+        for i, v in enumerate(y.astype(float).tolist())])
     return study, dropped
 
 
@@ -153,8 +153,9 @@ def param_importance(trials: pd.DataFrame, root: Path | None = None, name: str |
             src = f"{how} (Optuna) over the sweep's study optuna.db, {n} complete trials"
         else:
             study, dropped = study_from_trials(trials, mode)
-            n = len(study.trials)
-            if n < MIN_TRIALS or not study.trials or not study.trials[0].params:
+            made = study.get_trials(deepcopy=False)  # .trials deep-copies every trial
+            n = len(made)
+            if n < MIN_TRIALS or not made or not made[0].params:
                 return None, (f"parameter importance needs >= {MIN_TRIALS} completed trials "
                               f"with a varying parameter; found {n}")
             raw, how = _evaluate(study, n)

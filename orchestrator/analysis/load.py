@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from orchestrator.analysis.spike_rule import SPIKE_FACTOR, SPIKE_MIN_DELTA, spike_rule
 from orchestrator.sweep.params import P_KEY
 
 TERMINAL = ("completed", "diverged")
@@ -26,8 +27,8 @@ class ReportConfig:
     # the per-trial value compared between arms (mean, CI, paired diff): a trial column or an
     # eval metric ``eval/<corpus>/<metric>`` of `geosweep eval` (orchestrator/store/eval_table.py)
     metric: str = "final_val_loss"
-    spike_factor: float = 1.5  # below the divergence rule's 4x-best: spikes the run survived
-    spike_min_delta: float = 0.1  # as DivergenceRules.loss_min_delta: 0.01 -> 0.02 is noise
+    spike_factor: float = SPIKE_FACTOR  # below the divergence rule's 4x-best
+    spike_min_delta: float = SPIKE_MIN_DELTA  # as DivergenceRules.loss_min_delta
     band: str = "minmax"  # seed band of curves: minmax | std
     p_column: str = P_KEY
     # M1 continuity of weights and of the cumulative gradient (workloads/metrics/collect.py)
@@ -49,7 +50,9 @@ class SweepData:
     parquet_root: str
     manifest: dict
     trials: pd.DataFrame  # one row per trial; ``trial`` (str), ``arm``, ``seed``, ``status``
-    curves: pd.DataFrame  # step, split, metric, value, wall_time, trial
+    # loss rows: step, split, metric, value, trial; None until a stage needs them (curves_of
+    # reads only the trials asked for: a report of 1,000 trials draws a few)
+    curves: pd.DataFrame | None
     metrics: pd.DataFrame  # step, metric, module, layer, next_layer, value, trial
     # per-trial aggregates computed once and shared by the report's stages (trial_spikes)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -81,16 +84,35 @@ def _fallback_read(root: str, kind: str, sweep: str | None) -> pd.DataFrame:
     return dset.to_table(filter=filt).to_pandas()
 
 
-def _read_loss_curves(root: str, sweep: str) -> pd.DataFrame:
-    """curves/ rows with ``metric == 'loss'`` (filtered while scanning), without wall_time;
-    split, metric and trial as categoricals (benchmarks/report_scale.py)."""
+def _read_loss_curves(root: str, sweep: str, trials: list[str] | None = None) -> pd.DataFrame:
+    """curves/ rows with ``metric == 'loss'`` of ``trials`` (None: all; both filtered while
+    scanning, the trial filter skips the other trials' files), without wall_time; split,
+    metric and trial as categoricals (benchmarks/report_scale.py)."""
     try:
         from orchestrator.store import parquet as sink
     except ImportError:
         df = _fallback_read(root, "curves", sweep)
-        return df[df["metric"] == "loss"] if not df.empty else df
-    return sink.read_curves(root, sweep, metric="loss", categorical=True,
+        if not df.empty:
+            df = df[df["metric"] == "loss"]
+            df = df if trials is None else df[df["trial"].astype(str).isin(trials)]
+        return df
+    return sink.read_curves(root, sweep, metric="loss", categorical=True, trials=trials,
                             columns=["step", "split", "metric", "value", "trial"])
+
+
+def curves_of(data: SweepData, trials=None) -> pd.DataFrame:
+    """The sweep's loss curve rows of ``trials`` (None: every trial), read once per set."""
+    if data.curves is not None:
+        c = data.curves
+        return c if trials is None or c.empty else c[c["trial"].isin([str(t) for t in trials])]
+    key = ("curves", None if trials is None else frozenset(str(t) for t in trials))
+    if key not in data.cache:
+        if key[1] is not None and not key[1]:
+            data.cache[key] = pd.DataFrame(columns=["step", "split", "metric", "value", "trial"])
+        else:
+            data.cache[key] = _normalise_rows(_read_loss_curves(
+                data.parquet_root, data.name, None if key[1] is None else sorted(key[1])))
+    return data.cache[key]
 
 
 def _read(root: str, kind: str, sweep: str) -> pd.DataFrame:
@@ -149,11 +171,10 @@ def load_sweep(root: str | Path) -> SweepData:
     trials = _read(proot, "trials", name)
     if trials.empty:
         raise ReportError(f"parquet_root {proot}: no trial records for sweep {name!r}")
-    # only the loss rows of curves/ (what the report draws and counts spikes on), read with
-    # categorical strings: 10,000 steps x 1,000 trials in seconds (benchmarks/report_scale.py)
-    curves = _normalise_rows(_read_loss_curves(proot, name))
+    # curves are read when a stage needs them, and only its trials' (curves_of): spike counts
+    # come from the trial records, the loss figure draws a few arms
     metrics = _normalise_rows(_read(proot, "metrics", name))
-    return SweepData(name, root, proot, manifest, _normalise_trials(trials), curves, metrics)
+    return SweepData(name, root, proot, manifest, _normalise_trials(trials), None, metrics)
 
 
 def arm_order(trials: pd.DataFrame) -> list[str]:
@@ -177,10 +198,28 @@ def resolve_baseline(arms: list[str], baseline: str | None) -> str:
 
 def trial_spikes(data: SweepData, cfg: ReportConfig) -> pd.Series:
     """Loss-spike episodes of each trial's train loss curve (trial -> count); computed once
-    per SweepData and settings (the arm table and the trials table both need it)."""
-    key = ("spikes", cfg.spike_factor, cfg.spike_min_delta, len(data.curves))
-    if key not in data.cache:
-        data.cache[key] = _trial_spikes(data.curves, cfg)
+    per SweepData and settings (the arm table and the trials table both need it).
+
+    A trial record that ended under geosweep holds its count (``spikes``) and the rule it was
+    counted with (``spikes_rule``); those are used when the rule is ``cfg``'s, and only the
+    other trials' curves (running ones, another rule, older sweeps) are read and counted."""
+    key = ("spikes", cfg.spike_factor, cfg.spike_min_delta,
+           None if data.curves is None else len(data.curves))
+    if key in data.cache:
+        return data.cache[key]
+    t = data.trials
+    ids = t["trial"].astype(str)
+    stored = pd.Series(dtype=float)
+    if {"spikes", "spikes_rule"} <= set(t.columns):
+        ok = ((t["spikes_rule"] == spike_rule(cfg.spike_factor, cfg.spike_min_delta))
+              & t["spikes"].notna()).to_numpy()
+        stored = pd.Series(t["spikes"].to_numpy(dtype=float)[ok], index=ids[ok].to_numpy())
+    rest = [x for x in ids if x not in stored.index]
+    counted = pd.Series(dtype=float)
+    if rest:
+        counted = _trial_spikes(curves_of(data, None if len(rest) == len(ids) else rest), cfg)
+    data.cache[key] = pd.concat([s for s in (stored, counted) if len(s)]) \
+        if len(stored) or len(counted) else pd.Series(dtype=float)
     return data.cache[key]
 
 

@@ -57,7 +57,9 @@ def write_report(root: str | Path, baseline: str | None = None,
     if metric:
         cfg = dataclasses.replace(cfg, metric=metric)
     with stage("read parquet"):
+        warm = _warm_imports()
         data = load_sweep(root)
+        warm.join()
     with stage("arm table"):
         data.trials = with_metric(data, cfg.metric)  # validates --metric before any write
         named = _named_baseline(data.root)
@@ -99,6 +101,32 @@ def write_report(root: str | Path, baseline: str | None = None,
             note = log_report(data.manifest.get("mlflow_uri"), data.name, out)
         md.write_text("\n".join(lines + ["## MLflow", "", f"- {note}", ""]))
     return md
+
+
+def _warm_imports():
+    """Import the figure and importance libraries (matplotlib, Optuna's evaluators with
+    scikit-learn: ~1 s) on a second thread while this one reads the trial records, which
+    pyarrow does outside the GIL (benchmarks/report_scale.py: ~1 s of a 1,000-trial report).
+    pandas and pyarrow are imported before it starts and the thread imports neither, so the
+    two threads never wait on each other's half-imported modules. A failed import here is
+    ignored: the stage that needs the module imports it again and reports the error."""
+    import threading
+
+    import pyarrow.dataset  # noqa: F401  (imported here, not raced with the thread)
+
+    import orchestrator.store.parquet  # noqa: F401
+
+    def run() -> None:
+        try:
+            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+            import optuna.importance  # noqa: F401
+        except Exception:  # noqa: BLE001
+            pass
+
+    t = threading.Thread(target=run, name="geosweep-report-imports", daemon=True)
+    t.start()
+    return t
 
 
 def _trial_table(data: SweepData, cfg: ReportConfig) -> tuple[pd.DataFrame, list[str]]:

@@ -88,6 +88,11 @@ TRIAL_SCHEMA = pa.schema(
         ("node", pa.string()),
         ("retries", pa.int64()),
         ("error", pa.string()),
+        # loss-spike episodes of the train loss curve, counted when the trial ended, and the
+        # rule they were counted with (analysis/fast_spikes.py): the report reads no curves
+        # for them when its rule is the same
+        ("spikes", pa.int64()),
+        ("spikes_rule", pa.string()),
     ]
 )
 _KINDS = {"curves": CURVE_SCHEMA, "metrics": METRIC_SCHEMA}
@@ -145,6 +150,17 @@ class ParquetSink:
                     keep = table.filter(pc.less_equal(table["step"], step))
                     self._write_part(kind, trial_id, keep)
                 self._delete(kind, trial_id, name)
+
+    def train_losses(self, trial_id: str) -> list[float]:
+        """The trial's train loss curve on disk, in step order (missing values as NaN)."""
+        _check_name("trial", trial_id)
+        parts = sorted(self._list_parts("curves", trial_id))
+        if not parts:
+            return []
+        t = pa.concat_tables([self._read("curves", trial_id, n) for n in parts])
+        t = t.filter(pc.and_(pc.equal(t["split"], "train"), pc.equal(t["metric"], "loss")))
+        t = t.sort_by([("step", "ascending")])
+        return [float("nan") if v is None else float(v) for v in t["value"].to_pylist()]
 
     def last_step(self, trial_id: str) -> int | None:
         """The highest step of the trial's curve/metrics rows on disk (None: no rows yet)."""
@@ -351,11 +367,16 @@ def _read(root: str, kind: str, sweep: str | None, schema: pa.Schema | None,
 
 
 def read_curves(root: str, sweep: str | None = None, *, metric: str | None = None,
-                columns: list[str] | None = None, categorical: bool = False) -> pd.DataFrame:
+                trials: list[str] | None = None, columns: list[str] | None = None,
+                categorical: bool = False) -> pd.DataFrame:
     """All curve points (columns of CURVE_SCHEMA + sweep, trial). ``metric``: only its rows
-    (filtered while scanning); ``columns``: only those; ``categorical``: string columns
-    (split, metric, sweep, trial) as pandas categoricals, far cheaper on long curves."""
+    (filtered while scanning); ``trials``: only theirs (the others' files are not opened);
+    ``columns``: only those; ``categorical``: string columns (split, metric, sweep, trial)
+    as pandas categoricals, far cheaper on long curves."""
     where = None if metric is None else ds.field("metric") == metric
+    if trials is not None:
+        by_trial = ds.field("trial").isin([str(t) for t in trials])
+        where = by_trial if where is None else where & by_trial
     return _read(root, "curves", sweep, CURVE_SCHEMA, where, columns, categorical)
 
 

@@ -329,6 +329,13 @@ class SinkCallback(Callback):
         rec["train_s"] = timing.get("train_s")
         rec["setup_s"] = timing.get("setup_s")
         rec["overhead_s"] = rec["wall_s"] - rec["train_s"] if rec["train_s"] is not None else None
+        if self.parquet is not None:
+            # counted once here (its curve is complete on disk, this thread wrote it), so a
+            # report of 1,000 trials reads no curves for its spike column
+            from orchestrator.analysis.fast_spikes import recorded_spikes
+
+            rec["spikes"], rec["spikes_rule"] = recorded_spikes(
+                self.parquet.train_losses(trial.trial_id))
         self._write(rec)
         if self.mlflow is not None:
             tags = self._tags(rec)

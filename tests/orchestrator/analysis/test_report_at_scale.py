@@ -114,3 +114,35 @@ def test_timing_records_only_when_started():
     got = timing.recorded()
     assert list(got) == ["a", "b"] and set(got["a"]) == {"wall_s", "cpu_s"}
     timing._active = None
+
+
+def test_stored_spike_counts_are_used_and_only_the_rest_is_read(tmp_path, monkeypatch):
+    """Trials whose record holds a count under the report's rule are not read; a running
+    trial (no count) and one counted under another rule are read and counted, and only they."""
+    from orchestrator.analysis import load as L
+    from orchestrator.analysis.fast_spikes import recorded_spikes
+    from orchestrator.analysis.spike_rule import spike_rule
+    from orchestrator.store.parquet import ParquetSink
+
+    sink = ParquetSink(str(tmp_path), "s")
+    curves = {"a": [1.0] * 30 + [5.0] + [1.0] * 20, "b": [1.0] * 30 + [9.0] * 2 + [1.0] * 20,
+              "c": [1.0] * 30 + [3.0] + [1.0] * 5 + [4.0] + [1.0] * 9}
+    for tid, v in curves.items():
+        sink.write_curve(tid, [{"step": i + 1, "split": "train", "metric": "loss", "value": x,
+                                "wall_time": 0.0} for i, x in enumerate(v)])
+    count_a, rule = recorded_spikes(sink.train_losses("a"))
+    sink.write_trial({"trial": "a", "arm": "x", "status": "completed", "spikes": 7,
+                      "spikes_rule": rule})  # 7, not count_a: proves the record is used
+    sink.write_trial({"trial": "b", "arm": "x", "status": "completed", "spikes": 0,
+                      "spikes_rule": spike_rule(3.0, 0.5)})  # another rule: counted again
+    sink.write_trial({"trial": "c", "arm": "x", "status": "running"})
+    d = L.SweepData("s", tmp_path, str(tmp_path), {}, L._normalise_trials(
+        L._read(str(tmp_path), "trials", "s")), None, pd.DataFrame())
+    asked = []
+    real = L._read_loss_curves
+    monkeypatch.setattr(L, "_read_loss_curves",
+                        lambda root, sweep, trials=None: asked.append(trials) or real(
+                            root, sweep, trials))
+    got = L.trial_spikes(d, L.ReportConfig())
+    assert asked == [["b", "c"]]
+    assert count_a == 1 and got.to_dict() == {"a": 7.0, "b": 1.0, "c": 2.0}

@@ -320,3 +320,33 @@ def test_preloaded_finished_trial_keeps_outcome_and_times(sinks):
     runs = MlflowClient(uri).search_runs([ml.experiment_id],
                                          filter_string="tags.`geosweep.role` = 'child'")
     assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"]  # no duplicate child
+
+
+def test_finished_trial_records_its_spike_count(tmp_path):
+    """At the end of a trial its spike count (of the curve on disk, the lost segment of a
+    restart dropped) and the rule are in its record: the report reads no curves for them."""
+    from orchestrator.analysis.spike_rule import SPIKE_FACTOR, SPIKE_MIN_DELTA, spike_rule
+    from orchestrator.analysis.stats import spike_count
+
+    pq = ParquetSink(str(tmp_path), "sw")
+    cb = SinkCallback(parquet=pq, background=True)
+    t = FakeTrial("a_1", {"optim.lr": 0.1, "train.seed": 0})
+
+    def spiky(first: int, last: int, spikes: tuple[int, ...], status: str = "running"):
+        p = _payload(t, first, last, status)
+        for point in p["_curve"]:
+            if point["split"] == "train":
+                point["value"] = 5.0 if point["step"] in spikes else 1.0
+        return p
+
+    cb.on_trial_start(0, [], t)
+    cb.on_trial_result(0, [], t, spiky(1, 40, (25,)))
+    cb.on_trial_result(0, [], t, spiky(41, 60, (45, 46, 55)))  # lost: restarted from 40
+    cb.on_trial_result(0, [], t, spiky(41, 80, (70,), "completed"))
+    cb.on_trial_complete(0, [], t)
+    cb.flush()
+    rec = read_trials(str(tmp_path)).iloc[0]
+    curve = [5.0 if s in (25, 70) else 1.0 for s in range(1, 81)]
+    assert spike_count(curve, SPIKE_FACTOR, SPIKE_MIN_DELTA) == 2
+    assert rec["spikes"] == 2 and rec["spikes_rule"] == spike_rule(SPIKE_FACTOR,
+                                                                    SPIKE_MIN_DELTA)
