@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
-from orchestrator.analysis.stats import mde, pooled_sd
 from orchestrator.analysis.load import ReportConfig, SweepData
+from orchestrator.analysis.stats import mde, pooled_sd
 from orchestrator.analysis.tables import _md_table, _small_gap_share
 from orchestrator.sweep.claims import Claim
 from orchestrator.sweep.params import ident

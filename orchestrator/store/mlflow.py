@@ -12,7 +12,8 @@ points, so a resumed trial's re-run steps keep the first value; on CPU they are 
 
 Keys: curve points ``{split, metric}`` -> ``<split>/<metric>``, scalars by their name, both
 through ``mlflow_names.mlflow_key`` (the loss curves are ``Loss/train``, ``Loss/val``: the first
-charts in MLflow's UI; docs/metrics.md §N); params are flattened with dotted keys, stringified, truncated to 6000 characters.
+charts in MLflow's UI; docs/metrics.md §N); params are flattened with dotted keys,
+stringified, truncated to 6000 characters.
 """
 
 from __future__ import annotations

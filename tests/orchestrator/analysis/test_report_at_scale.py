@@ -11,7 +11,12 @@ import pandas as pd
 
 from orchestrator.analysis import timing
 from orchestrator.analysis.figures import MAX_CURVE_ARMS, _figure, _reference_levels
-from orchestrator.analysis.importance import FANOVA_MAX_TRIALS, MAX_LEVELS, _levels, param_importance
+from orchestrator.analysis.importance import (
+    FANOVA_MAX_TRIALS,
+    MAX_LEVELS,
+    _levels,
+    param_importance,
+)
 from orchestrator.analysis.load import ReportConfig, SweepData, sorted_order, trial_spikes
 from orchestrator.analysis.stats import spike_count
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tiny_spec import TINY, spec_with
 
 from orchestrator.cli import main
-from tiny_spec import TINY, spec_with
 
 SPEC = TINY
 

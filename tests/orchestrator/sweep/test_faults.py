@@ -93,7 +93,8 @@ def _actor_pids(address: str, class_name: str, env: dict[str, str]) -> dict[int,
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    return {int(k): v for k, v in got.items() if k.isdigit() and int(k) > 0}  # never started: no pid
+    # a pid of 0 or less: never started
+    return {int(k): v for k, v in got.items() if k.isdigit() and int(k) > 0}
 
 
 def _train_steps(curves, trial: str, metric: str = "loss", split: str = "train") -> list[int]:
