@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 
 __all__ = ["MLFLOW_KEYS", "mlflow_key", "VIEW_TAG_PREFIX", "view_key", "view_state",
-           "view_url"]
+           "view_url", "run_link", "WORKFLOW_QUERY"]
 
 # vocabulary name -> MLflow key (the only names that differ; see the module docstring)
 MLFLOW_KEYS = {"train/loss": "Loss/train", "val/loss": "Loss/val"}
@@ -55,6 +55,18 @@ def view_state(params: Iterable[str], parent_run_id: str | None,
     return json.dumps(state)
 
 
+# MLflow 3's UI has a GenAI / model-training switch in its sidebar, taken from the link's
+# ``workflowType`` query parameter, else from the browser's last choice (GenAI by default);
+# our experiments are model training, so every link we print says so
+WORKFLOW_QUERY = "workflowType=machine_learning"
+
+
 def view_url(base: str, experiment_id: str, sweep: str) -> str:
     """The link that opens the sweep's runs table with its shared view applied."""
-    return f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={view_key(sweep)}"
+    return (f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={view_key(sweep)}"
+            f"&{WORKFLOW_QUERY}")
+
+
+def run_link(experiment_id: str, run_id: str) -> str:
+    """A run's page, relative to the UI's address (``#/...``), in the model-training view."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW_QUERY}"

@@ -14,7 +14,13 @@ import math
 from typing import Any
 
 from orchestrator.store.mlflow import TAG, MlflowSink
-from orchestrator.store.mlflow_names import VIEW_TAG_PREFIX, mlflow_key, view_key, view_state
+from orchestrator.store.mlflow_names import (
+    VIEW_TAG_PREFIX,
+    mlflow_key,
+    run_link,
+    view_key,
+    view_state,
+)
 
 __all__ = ["log_sweep_summary", "best_record", "STATUSES"]
 
@@ -54,7 +60,7 @@ def log_sweep_summary(sink: MlflowSink, records: list[dict[str, Any]], metric: s
             run = sink.client.get_run(run_id)
             tags[f"{TAG}best.run_id"] = run_id
             tags[f"{TAG}best.run_name"] = run.info.run_name
-            tags[f"{TAG}best.link"] = f"#/experiments/{sink.experiment_id}/runs/{run_id}"
+            tags[f"{TAG}best.link"] = run_link(sink.experiment_id, run_id)
     sink.log_scalars(None, metrics, step=0)
     sink.set_tags(None, tags)
     sink.client.set_experiment_tag(sink.experiment_id, VIEW_TAG_PREFIX + view_key(sink.sweep),

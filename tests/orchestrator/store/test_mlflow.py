@@ -229,7 +229,8 @@ def test_model_training_view_summary_and_failed_parent(store):
     best = sink.run_id("b")
     assert p.data.tags["geosweep.best.run_id"] == best
     assert p.data.tags["geosweep.best.run_name"] == "run b"
-    assert p.data.tags["geosweep.best.link"] == f"#/experiments/{sink.experiment_id}/runs/{best}"
+    assert p.data.tags["geosweep.best.link"] == (
+        f"#/experiments/{sink.experiment_id}/runs/{best}?workflowType=machine_learning")
     assert out["tags"]["geosweep.objective"] == "val/loss"
     assert out["tags"]["geosweep.objective_key"] == "Loss/val"
     # the sweep's shared view (geosweep ui's link): param + loss columns, the parent expanded
