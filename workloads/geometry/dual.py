@@ -39,7 +39,14 @@ from dataclasses import dataclass
 
 import torch
 
-from workloads.geometry.dual_newton import GramProblem, eig_sqrt, identity, newton_solve, off
+from workloads.geometry.dual_newton import (
+    GramProblem,
+    eig_sqrt,
+    identity,
+    mu_ladder,
+    newton_solve,
+    off,
+)
 from workloads.geometry.msign import msign
 
 __all__ = ["DUAL_METHODS", "DualResult", "dual_ascent", "gram_msign", "identity", "off"]
@@ -48,6 +55,7 @@ Projector = Callable[[torch.Tensor], torch.Tensor]
 MsignFn = Callable[[torch.Tensor], torch.Tensor]
 DUAL_METHODS = ("newton", "relative", "absolute")
 _F64 = torch.float64
+MU_START = 0.1  # a cold solve's first smoothing rung, ||G||_F = 1 units (dual_newton.mu_ladder)
 
 
 def _sym(M: torch.Tensor) -> torch.Tensor:
@@ -156,8 +164,12 @@ def dual_ascent(
             st = None
     if st is None:
         pb = GramProblem(G, W, P, smooth)
+        # Square W (DGram's, or Stiefel's off the manifold): the optimum's X has a (near-)zero
+        # singular value, so climb down a smoothing ladder (dual_newton.mu_ladder). Tall W:
+        # full rank in practice, one rung (the ladder was measured to double the passes).
+        mus = mu_ladder(smooth, MU_START) if W.shape[-2] == W.shape[-1] else [smooth]
         st, passes = newton_solve(pb, -0.5 * P(_sym(pb.G1)) if L0 is None else L0, steps, tol,
-                                  cg_iters)
+                                  cg_iters, mus)
     # A = X Q = G Q + W (2 L Q); fp64 like the rest, then the input dtype
     A = G @ st["Q"] + W @ (2.0 * st["L"] @ st["Q"])
     return DualResult(A.to(dtype), st["res"].to(dtype), passes, st["L"])
