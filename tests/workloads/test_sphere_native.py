@@ -1,7 +1,7 @@
 """The compiled p=1 SpheretNorm kernel (``sphere_native``, ``sphere_p1.cpp``) against the reference
 ``sphere.sphere_step`` and its autograd in fp64, its fallbacks and its determinism.
 
-The first test of a machine builds the kernel (a C++ compiler, ~20-60 s; cached afterwards)."""
+The first test of a machine builds the kernel (a C++ compiler, ~30-60 s; cached afterwards)."""
 
 import math
 import warnings

@@ -3,14 +3,15 @@
 At small widths the eager step is all per-op overhead: ~40 element-wise ops and reductions
 per sublayer (forward and backward), each a few microseconds on a (256, 64) tensor, where a
 LayerNorm is one fused kernel each way (issue 16 §4). ``sphere_p1.cpp`` computes the same
-formulas as ``sphere_fused._SphereStepP1`` (docs/science.md §2.3-2.4) in one pass per row
-each way. torch.compile is no substitute on CPU: a compiled call costs ~50 us even for
-``x + 1`` (torch 2.13), more than the whole eager forward.
+formulas as ``sphere_fused._SphereStepP1`` (docs/science.md §2.3-2.4) in one kernel each way
+(a row stays in cache while it is read), one C++ autograd node. torch.compile is no substitute
+on CPU: a compiled call cost ~50 us even for ``x + 1`` (torch 2.13), and the compiled step was
+no faster than the eager one.
 
-Opt-in, because the first use builds the kernel (a C++ compiler and ~20 s; torch caches the
+Opt-in, because the first use builds the kernel (a C++ compiler and ~30-60 s; torch caches the
 build per machine): set ``GEOSWEEP_SPHERE_NATIVE=1`` or call ``enable()``. When the build or
-load fails, or the inputs are not CPU fp32/fp64, the eager step runs instead: the kernel
-changes speed only, never values beyond rounding.
+load fails, or the inputs are not CPU floating tensors of one dtype, the eager step runs
+instead: the kernel changes speed only, never values beyond rounding.
 """
 
 from __future__ import annotations

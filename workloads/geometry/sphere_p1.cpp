@@ -1,6 +1,6 @@
 // The p = 1 SpheretNorm step (the metric projection) as two fused CPU kernels, forward and
 // closed-form backward (docs/science.md §2.3-2.4; the formulas are those of
-// workloads/geometry/sphere_fused.py, _SphereStepP1). One pass per row instead of the ~40
+// workloads/geometry/sphere_fused.py, _SphereStepP1). One kernel each way instead of the ~40
 // element-wise ops of the eager form: at small widths the step is all per-op overhead.
 // Rows (tokens) are independent, so the result does not depend on the thread count.
 #include <ATen/ATen.h>
