@@ -17,7 +17,8 @@ a median step) is reported too.
 Targets (issues 2, 16): Pre-LN <= 1.05x the reference; spheret p=1 <= 1.10x Pre-LN, eager, at
 4x128 and at gpt-debug. Prints a table per shape; the very last line is one JSON object: the
 first shape's figures under plain keys (as before), every shape's under "shapes", and
-"spheret_p1_vs_preln@<shape>" for each shape.
+"spheret_p1_vs_preln@<shape>" (the default step; the kernel's when GEOSWEEP_SPHERE_NATIVE=1)
+and "spheret_p1_native_vs_preln@<shape>" for each shape.
 
     python benchmarks/step_time.py [--shapes 4x128,gpt-debug --rounds 7 --threads 1]
     python benchmarks/step_time.py --shapes 4x128 --layers 4 --width 128 --block 64 --batch 8
@@ -152,7 +153,10 @@ def _shape(name: str, args) -> dict:
 def _variants(s: dict, only: str) -> dict[str, nn.Module]:
     L, d, nh, T, V = s["L"], s["d"], s["nh"], s["T"], s["V"]
     variants: dict[str, nn.Module] = {"reference": ReferenceGPT(V, T, L, d, nh)}
+    keep = set(only.split(",")) | {"reference", "pre_ln"} if only else None
     for label, extra in FAMILIES:
+        if label.endswith("_native") and keep is not None and label not in keep:
+            continue  # not asked for: do not build the kernel
         fam = "spheret" if label.startswith("spheret") else label
         cfg = GPTConfig(n_layer=L, n_head=nh, n_embd=d, block_size=T, vocab_size=V,
                         residual={"family": fam, **extra})
@@ -165,8 +169,7 @@ def _variants(s: dict, only: str) -> dict[str, nn.Module]:
                 continue
             model.stream.step_fn = _native_step
         variants[label] = model
-    if only:
-        keep = set(only.split(",")) | {"reference", "pre_ln"}
+    if keep is not None:
         variants = {k: v for k, v in variants.items() if k in keep}
     return variants
 
