@@ -75,8 +75,8 @@ def build_seconds() -> float | None:
 
 def usable(h: Tensor, u: Tensor) -> bool:
     """Inputs the kernel takes: CPU, one floating dtype (bf16/fp16 are raised to fp32)."""
-    return (h.device.type == "cpu" and u.device.type == "cpu" and h.dim() >= 1
-            and h.shape == u.shape and h.dtype == u.dtype and h.dtype in _DTYPES)
+    return (h.is_cpu and u.is_cpu and h.dim() >= 1 and h.dtype == u.dtype
+            and h.dtype in _DTYPES and h.shape == u.shape)
 
 
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
