@@ -179,3 +179,13 @@ def test_enable_and_the_environment_switch(native, monkeypatch):
     assert sphere_native.enable() and sphere_native.active()
     assert not sphere_native.enable(False)
     assert sphere_native.build_seconds() is not None
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("0", False), ("", False), ("yes", False)])
+def test_environment_switch_values(monkeypatch, value, on):
+    monkeypatch.setenv("GEOSWEEP_SPHERE_NATIVE", value)
+    if value == "yes":
+        with pytest.warns(RuntimeWarning, match="is not 0 or 1"):
+            assert sphere_native._from_env() is on
+    else:
+        assert sphere_native._from_env() is on

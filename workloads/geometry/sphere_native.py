@@ -28,8 +28,18 @@ __all__ = ["enable", "load", "active", "build_seconds", "usable", "sphere_step_p
 
 _SRC = Path(__file__).with_name("sphere_p1.cpp")
 _ENV = "GEOSWEEP_SPHERE_NATIVE"
-_state: dict = {"wanted": os.environ.get(_ENV, "") == "1", "ops": None, "failed": False,
-                "build_s": None}
+_state: dict = {"wanted": False, "ops": None, "failed": False, "build_s": None}
+
+
+def _from_env() -> bool:
+    v = os.environ.get(_ENV, "").strip()
+    if v not in ("", "0", "1"):
+        warnings.warn(f"{_ENV}={v!r} is not 0 or 1; the kernel stays off", RuntimeWarning,
+                      stacklevel=2)
+    return v == "1"
+
+
+_state["wanted"] = _from_env()
 
 
 def enable(on: bool = True) -> bool:
@@ -69,7 +79,7 @@ def load() -> bool:
 
 
 def build_seconds() -> float | None:
-    """Seconds the first ``active()`` spent building or loading the kernel (None: not yet)."""
+    """Seconds the first ``load()`` spent building or loading the kernel (None: not yet)."""
     return _state["build_s"]
 
 
