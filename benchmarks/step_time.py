@@ -7,7 +7,9 @@ count; one torch thread by default):
 - geosweep Pre-LN vs a plain self-contained nanoGPT reference of the same shape (below),
 - every residual family vs Pre-LN,
 - spheret p=1 with the fused retraction (the default) vs the autograd reference
-  (``spheret_p1_ref``: ``sphere.sphere_step``, ~20 autograd nodes per sublayer),
+  (``spheret_p1_ref``: ``sphere.sphere_step``, ~20 autograd nodes per sublayer) and vs the
+  opt-in compiled CPU kernel (``spheret_p1_native``: ``sphere_native``, GEOSWEEP_SPHERE_NATIVE=1;
+  its build or load time is reported as ``native_build_s``; the arm is left out if it fails),
 - achieved FLOP/s (6 N tokens + attention) vs a large ``torch.mm`` on the same machine.
 With ``--compile`` every variant is ``torch.compile``d and its compile time (first step minus
 a median step) is reported too.
@@ -15,7 +17,8 @@ a median step) is reported too.
 Targets (issues 2, 16): Pre-LN <= 1.05x the reference; spheret p=1 <= 1.10x Pre-LN, eager, at
 4x128 and at gpt-debug. Prints a table per shape; the very last line is one JSON object: the
 first shape's figures under plain keys (as before), every shape's under "shapes", and
-"spheret_p1_vs_preln@<shape>" for each shape.
+"spheret_p1_vs_preln@<shape>" (the default step; the kernel's when GEOSWEEP_SPHERE_NATIVE=1)
+and "spheret_p1_native_vs_preln@<shape>" for each shape.
 
     python benchmarks/step_time.py [--shapes 4x128,gpt-debug --rounds 7 --threads 1]
     python benchmarks/step_time.py --shapes 4x128 --layers 4 --width 128 --block 64 --batch 8
@@ -34,7 +37,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from workloads.config import PRESETS, GPTConfig
+from workloads.geometry import sphere_native
 from workloads.geometry.sphere import sphere_step
+from workloads.geometry.sphere_fused import sphere_step_fused
 from workloads.models import build_model
 
 # --- [reference] a plain nanoGPT, written here so it shares no code with geosweep ----------
@@ -95,9 +100,17 @@ class ReferenceGPT(nn.Module):
 
 FAMILIES = [("pre_ln", {}), ("post_ln", {}), ("peri_ln", {}), ("pre_dyt", {}), ("keel", {}),
             ("geonorm", {}), ("spheret_p1", {"p": 1.0}), ("spheret_p2", {"p": 2.0}),
-            ("spheret_p0.5", {"p": 0.5}), ("spheret_p1_ref", {"p": 1.0})]
-RATIO_KEYS = ["spheret_p1", "spheret_p1_ref", "spheret_p2", "spheret_p0.5", "geonorm", "post_ln",
-              "peri_ln", "pre_dyt", "keel"]
+            ("spheret_p0.5", {"p": 0.5}), ("spheret_p1_ref", {"p": 1.0}),
+            ("spheret_p1_native", {"p": 1.0})]
+RATIO_KEYS = ["spheret_p1", "spheret_p1_ref", "spheret_p1_native", "spheret_p2", "spheret_p0.5",
+              "geonorm", "post_ln", "peri_ln", "pre_dyt", "keel"]
+
+
+def _native_step(h, u, alpha, p):
+    # The compiled p=1 kernel for this model only (the default arm stays eager).
+    if p == 1 and sphere_native.usable(h, u):
+        return sphere_native.sphere_step_p1_native(h, u, alpha)  # alpha: 0-d a_k
+    return sphere_step_fused(h, u, alpha, p)
 
 
 def _stepper(model: nn.Module, x, y):
@@ -140,16 +153,23 @@ def _shape(name: str, args) -> dict:
 def _variants(s: dict, only: str) -> dict[str, nn.Module]:
     L, d, nh, T, V = s["L"], s["d"], s["nh"], s["T"], s["V"]
     variants: dict[str, nn.Module] = {"reference": ReferenceGPT(V, T, L, d, nh)}
+    keep = set(only.split(",")) | {"reference", "pre_ln"} if only else None
     for label, extra in FAMILIES:
+        if label.endswith("_native") and keep is not None and label not in keep:
+            continue  # not asked for: do not build the kernel
         fam = "spheret" if label.startswith("spheret") else label
         cfg = GPTConfig(n_layer=L, n_head=nh, n_embd=d, block_size=T, vocab_size=V,
                         residual={"family": fam, **extra})
         model = build_model(cfg, vocab_size=V)
         if label.endswith("_ref"):
             model.stream.step_fn = sphere_step  # the autograd reference retraction
+        if label.endswith("_native"):
+            if not sphere_native.load():  # builds the kernel on first use (cached per machine)
+                print("spheret_p1_native: kernel unavailable, arm left out")
+                continue
+            model.stream.step_fn = _native_step
         variants[label] = model
-    if only:
-        keep = set(only.split(",")) | {"reference", "pre_ln"}
+    if keep is not None:
         variants = {k: v for k, v in variants.items() if k in keep}
     return variants
 
@@ -249,8 +269,10 @@ def main() -> None:
     out = {"compile": float(args.compile)}
     out.update({k: v for k, v in first.items() if k != "achieved_flops"})
     out["mfu_vs_mm"] = first["achieved_flops"] / mm
+    out["native_build_s"] = sphere_native.build_seconds() or math.nan
     for n, f in shapes.items():
         out[f"spheret_p1_vs_preln@{n}"] = f["spheret_p1_vs_preln"]
+        out[f"spheret_p1_native_vs_preln@{n}"] = f["spheret_p1_native_vs_preln"]
     out["shapes"] = {n: {k: v for k, v in f.items() if k != "achieved_flops"}
                      for n, f in shapes.items()}
     print(json.dumps(_clean(out)))

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from workloads.geometry import sphere_native
 from workloads.geometry.sphere import (
     _MAX_RATIONAL_P,
     _check_p,
@@ -220,5 +221,7 @@ def sphere_step_fused(h: Tensor, u: Tensor, alpha: Tensor | float,
         return sphere_step(h, u, alpha, p)
     a = alpha if alpha.dim() == 0 else alpha.reshape(())  # a reshape is one more graph node
     if p == 1:
+        if sphere_native.active() and sphere_native.usable(h, u):  # opt-in compiled kernel
+            return sphere_native.sphere_step_p1_native(h, u, a)
         return _SphereStepP1.apply(h, u, a)
     return _SphereStep.apply(h, u, a, float(p))

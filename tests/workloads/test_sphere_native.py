@@ -1,0 +1,191 @@
+"""The compiled p=1 SpheretNorm kernel (``sphere_native``, ``sphere_p1.cpp``) against the reference
+``sphere.sphere_step`` and its autograd in fp64, its fallbacks and its determinism.
+
+The first test of a machine builds the kernel (a C++ compiler, ~30-60 s; cached afterwards)."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from workloads.geometry import sphere_native
+from workloads.geometry.sphere import sphere_step
+from workloads.geometry.sphere_fused import sphere_step_fused
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def native():
+    if not sphere_native.load():
+        pytest.skip("no C++ toolchain to build the SpheretNorm kernel")
+    return sphere_native.sphere_step_p1_native
+
+
+@pytest.fixture
+def enabled(native, monkeypatch):
+    monkeypatch.setitem(sphere_native._state, "wanted", True)
+    return native
+
+
+def _inputs(scale, seed=0, shape=(2, 3, 13), dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(True)
+    u = (scale * torch.randn(*shape, generator=g, dtype=dtype)).requires_grad_(True)
+    a = torch.tensor(0.7, dtype=dtype, requires_grad=True)
+    return h, u, a
+
+
+def _grads(fn, h, u, a, seed=1, with_b=True):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(h.shape, generator=g, dtype=torch.float64)  # the same draws for any dtype
+    wb = torch.randn(h.shape[:-1] + (1,), generator=g, dtype=torch.float64)
+    out, b = fn(h, u, a)
+    w, wb = w.to(out.dtype), wb.to(b.dtype)
+    loss = (out * w).sum() + ((b * wb).sum() if with_b else 0)
+    return (out, b) + torch.autograd.grad(loss, (h, u, a))
+
+
+def _rel(x, y):
+    return ((x - y).abs().max() / y.abs().max().clamp_min(1e-300)).item()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 13), (5, 64), (7, 3), (3, 2, 24)])
+@pytest.mark.parametrize("scale", [1e-5, 0.05, 1.0, 5.0])
+@pytest.mark.parametrize("with_b", [True, False])  # dL/dbeta^2 given, or not (the usual case)
+def test_values_and_grads_match_the_reference_fp64(native, shape, scale, with_b):
+    h, u, a = _inputs(scale, shape=shape)
+    ref = _grads(lambda *t: sphere_step(*t, 1.0), h, u, a, with_b=with_b)
+    got = _grads(native, h, u, a, with_b=with_b)
+    for name, x, y in zip(("out", "beta2", "dh", "du", "da"), got, ref):
+        assert x.shape == y.shape and x.dtype == y.dtype, name
+        assert _rel(x, y) < 1e-12, (name, _rel(x, y))
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1.0])
+def test_gradcheck_fp64(native, scale):
+    h, u, a = _inputs(scale, shape=(2, 2, 5))
+    assert torch.autograd.gradcheck(native, (h, u, a))
+
+
+@pytest.mark.parametrize("p", [0.5, 1.0, 2.0, 3.0, math.inf])
+def test_fused_step_with_the_kernel_enabled_matches_the_reference(enabled, p):
+    """Enabled, sphere_step_fused takes the kernel for p = 1 only; every p stays exact."""
+    h, u, a = _inputs(1.0)
+    ref = _grads(lambda *t: sphere_step(*t, p), h, u, a)
+    got = _grads(lambda *t: sphere_step_fused(*t, p), h, u, a)
+    for name, x, y in zip(("out", "beta2", "dh", "du", "da"), got, ref):
+        assert _rel(x, y) < 1e-12, (p, name, _rel(x, y))
+    node = sphere_step_fused(h, u, a, p)[0].grad_fn.name()
+    assert ("P1Step" in node) == (p == 1), node
+
+
+def test_fp32_and_bf16_inputs(native):
+    h, u, a = _inputs(1.0, shape=(4, 8, 64))
+    ref = _grads(native, h, u, a)
+    h32, u32, a32 = (t.detach().float().requires_grad_(True) for t in (h, u, a))
+    got = _grads(native, h32, u32, a32)
+    for x, y in zip(got, ref):
+        assert x.dtype == torch.float32 and _rel(x.double(), y) < 1e-5
+    hb, ub = (t.detach().bfloat16().requires_grad_(True) for t in (h, u))
+    out, b = native(hb, ub, a32)
+    assert out.dtype == torch.bfloat16 and b.dtype == torch.float32
+    out.float().sum().backward()
+    assert hb.grad.dtype == ub.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("case", ["parallel", "zero"])
+def test_degenerate_updates_give_h_and_finite_grads(native, case):
+    h = torch.randn(3, 5, 32, requires_grad=True)
+    u = (2.5 * h.detach() if case == "parallel" else torch.zeros(3, 5, 32)).requires_grad_(True)
+    a = torch.tensor(0.7, requires_grad=True)
+    out, _ = native(h, u, a)
+    assert torch.allclose(out, h, atol=1e-5)
+    (out * torch.randn_like(out)).sum().backward()
+    for t in (h, u, a):
+        assert torch.isfinite(t.grad).all()
+
+
+def test_non_contiguous_inputs_partial_grads_and_no_grad_modes(native):
+    h, u, a = _inputs(1.0, shape=(4, 6, 10))
+    ht, ut = h.transpose(0, 1), u.transpose(0, 1)  # (6, 4, 10), not contiguous
+    ref = _grads(lambda *t: sphere_step(*t, 1.0), ht, ut, a)
+    got = _grads(native, ht, ut, a)
+    for x, y in zip(got, ref):
+        assert _rel(x, y) < 1e-12
+    u2 = u.detach().requires_grad_(True)  # only u needs a gradient
+    out, _ = native(h.detach(), u2, a.detach())
+    (gu,) = torch.autograd.grad(out.sum(), u2)
+    assert torch.isfinite(gu).all()
+    with torch.no_grad():
+        out_ng, _ = native(h, u, a)
+    with torch.inference_mode():
+        out_inf, _ = native(h.detach(), u.detach(), a.detach())
+    assert out_ng.grad_fn is None and torch.equal(out_ng, out_inf)
+
+
+def test_double_backward_is_refused(native):
+    h, u, a = _inputs(1.0)
+    out, _ = native(h, u, a)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(out.sum(), h, create_graph=True)
+
+
+def test_same_bits_for_any_thread_count(native):
+    """Rows are independent and dL/da is summed in row order: 1 and 2 threads agree bitwise."""
+    h, u, a = _inputs(1.0, shape=(4096, 64), dtype=torch.float32)  # several rows per thread
+    before = torch.get_num_threads()
+    try:
+        res = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            res.append(_grads(native, h, u, a))
+    finally:
+        torch.set_num_threads(before)
+    for x, y in zip(*res):
+        assert torch.equal(x, y)
+
+
+def test_inputs_the_kernel_does_not_take_fall_back_to_eager(enabled):
+    h, u, a = _inputs(1.0)
+    assert not sphere_native.usable(h.to("meta"), u.to("meta"))
+    assert not sphere_native.usable(h, u.float())
+    out, _ = sphere_step_fused(h.detach().to("meta"), u.detach().to("meta"), 0.5, 1.0)
+    assert out.device.type == "meta"  # the eager step (shape counting)
+    out, _ = sphere_step_fused(h.float(), u, a, 1.0)  # mixed dtypes: eager, still right
+    assert "P1Step" not in out.grad_fn.name()
+
+
+def test_a_failed_build_warns_once_and_leaves_the_eager_step(monkeypatch):
+    def broken():
+        raise OSError("no compiler")
+
+    monkeypatch.setattr(sphere_native, "_load", broken)
+    monkeypatch.setattr(sphere_native, "_state",
+                        {"wanted": True, "ops": None, "failed": False, "build_s": None})
+    h, u, a = _inputs(1.0)
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        assert not sphere_native.active()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: no second warning
+        out, _ = sphere_step_fused(h, u, a, 1.0)
+    assert torch.allclose(out, sphere_step(h, u, a, 1.0)[0], atol=1e-14)
+
+
+def test_enable_and_the_environment_switch(native, monkeypatch):
+    monkeypatch.setitem(sphere_native._state, "wanted", False)
+    assert not sphere_native.active()
+    assert sphere_native.enable() and sphere_native.active()
+    assert not sphere_native.enable(False)
+    assert sphere_native.build_seconds() is not None
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("0", False), ("", False), ("yes", False)])
+def test_environment_switch_values(monkeypatch, value, on):
+    monkeypatch.setenv("GEOSWEEP_SPHERE_NATIVE", value)
+    if value == "yes":
+        with pytest.warns(RuntimeWarning, match="is not 0 or 1"):
+            assert sphere_native._from_env() is on
+    else:
+        assert sphere_native._from_env() is on
