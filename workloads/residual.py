@@ -2,7 +2,8 @@
 
 A family is one small ``nn.Module`` with ``enter(x0) -> h``, ``sublayer(k, h, branch) -> h``
 (k = 0 .. 2L-1; even = attention, odd = MLP) and ``exit(h) -> h`` (the final norm), registered
-by name in ``RESIDUALS``. Its own parameters live in its ``Params`` dataclass and are given as
+by name in ``RESIDUALS``. Its own parameters live in its ``Params`` dataclass (torch-free, in
+``workloads/residual_params.py``) and are given as
 ``{"family": name, **params}``; ``family_params`` validates them. Tensors are (B, T, d).
 ``stream.stats()`` always gives the family's scalars (step sizes, radius, DyT alphas); set
 ``stream.record_stats = True`` to also keep per-sublayer summaries of the following forwards
@@ -12,19 +13,28 @@ by name in ``RESIDUALS``. Its own parameters live in its ``Params`` dataclass an
 from __future__ import annotations
 
 import abc
-import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workloads.config import ConfigError, parse_p
+from workloads.config import ConfigError
 from workloads.geometry.sphere import sphere_step, theta
 from workloads.geometry.sphere_fused import sphere_step_fused
+from workloads.residual_params import (  # noqa: F401  (re-exported: the families' parameters)
+    FAMILY_PARAMS,
+    GeoNormParams,
+    KeelParams,
+    PeriLNParams,
+    PostLNParams,
+    PreDyTParams,
+    PreLNParams,
+    SpheretParams,
+    family_params,
+)
 
 __all__ = [
     "RESIDUALS", "family_params", "make_stream", "ResidualStream",
@@ -78,105 +88,6 @@ def _up(x: Tensor) -> Tensor:
 
 def _norm(kind: str, d: int, bias: bool) -> nn.Module:
     return LayerNorm(d, bias) if kind == "layernorm" else RMSNorm(d)
-
-
-# --- family parameters --------------------------------------------------------------------
-
-
-@dataclass
-class PreLNParams:
-    pass
-
-
-@dataclass
-class PostLNParams:
-    pass
-
-
-@dataclass
-class PeriLNParams:
-    embed_ln: bool = False  # also normalise the embedding h0 = LN(x0)
-
-
-@dataclass
-class PreDyTParams:
-    # docs/science.md §2.6, d=768 [DESIGN]: attention-norm a0 in {1, 2}; FFN and final 0.5
-    alpha_attn: float = 1.0
-    alpha_ffn: float = 0.5
-    alpha_final: float = 0.5
-    embed_scale: bool = True  # learnable scalar on the embedding, init sqrt(d)
-
-
-@dataclass
-class KeelParams:
-    alpha: Any = "L"  # "L" (n_layer), "2L" (sublayers) or a number > 0
-
-    def check(self, key: str) -> None:
-        a = self.alpha
-        ok = a in ("L", "2L") or (isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0)
-        if not ok:
-            raise ConfigError(f"{key}.alpha: must be 'L', '2L' or a number > 0, got {a!r}")
-
-
-@dataclass
-class GeoNormParams:
-    decay: str = "sublayer"  # lambda_k = 1/sqrt(k) over sublayers | block | none
-    radius: str = "learnable"  # ScaleNorm g: learnable scalar init sqrt(d) | fixed sqrt(d)
-    inner_norm: str = "none"  # N_k before the branch: none | rmsnorm (learnable gain)
-    guard: bool = False  # renormalise to r after each retraction
-    _choices: ClassVar[dict] = {
-        "decay": ("sublayer", "block", "none"),
-        "radius": ("learnable", "fixed"),
-        "inner_norm": ("none", "rmsnorm"),
-    }
-
-    def check(self, key: str) -> None:
-        for name, valid in self._choices.items():
-            if getattr(self, name) not in valid:
-                raise ConfigError(f"{key}.{name}: {getattr(self, name)!r} is not one of "
-                                  f"{', '.join(valid)}")
-
-
-@dataclass
-class SpheretParams(GeoNormParams):
-    p: float = 1.0  # > 0 or inf; 1 = Proj, 2 = Cayley, inf = GeoNorm
-
-    def check(self, key: str) -> None:
-        super().check(key)
-        if not self.p > 0:
-            raise ConfigError(f"{key}.p: must be > 0 (or inf), got {self.p!r}")
-
-
-def _coerce(key: str, value: Any, default: Any) -> Any:
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    elif isinstance(default, float):
-        value = parse_p(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        value = float(value)
-    return value
-
-
-def family_params(d: dict, key: str = "model.residual") -> Any:
-    """Validate ``{"family": name, **params}``; return the family's Params with defaults filled."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"{key}: expected a mapping {{family: name, ...}}, got {d!r}")
-    d = dict(d)
-    name = d.pop("family", None)
-    if not isinstance(name, str) or name not in RESIDUALS:
-        raise ConfigError(f"{key}.family: {name!r} is not one of {', '.join(RESIDUALS)}")
-    cls = RESIDUALS[name].Params
-    fields = {f.name: f.default for f in dataclasses.fields(cls)}
-    for k in d:
-        if k not in fields:
-            valid = ", ".join(fields) or "(none)"
-            raise ConfigError(f"{key}.{k}: not a parameter of family {name!r}; valid: {valid}")
-    params = cls(**{k: _coerce(f"{key}.{k}", v, fields[k]) for k, v in d.items()})
-    if hasattr(params, "check"):  # each family checks its own parameters
-        params.check(key)
-    return params
 
 
 # --- streams ------------------------------------------------------------------------------

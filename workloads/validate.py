@@ -1,9 +1,9 @@
 """``validate(cfg)``: check a ``WorkloadConfig`` against the registries that define what is valid.
 
-It lives here, not in ``workloads/config.py``, so that the config stays a leaf of plain values:
-the residual families (``workloads.residual.RESIDUALS``), the optimizer's assignment strategies
-and constraints (``workloads.optim``), the msign methods, the DGram retractions and the MLP's
-activations and norms each own their list of names, and every error message is built from it.
+It lives here, not in ``workloads/config.py``, so that the config stays a leaf of plain values.
+The names it checks against come from torch-free modules (``workloads/choices.py``,
+``workloads/residual_params.py``) whose lists tests keep equal to the registries of the
+implementations, so validating a spec imports no torch; every error message is built from them.
 Every failure is one ``ConfigError`` line naming the dotted field and what is valid.
 """
 
@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from workloads.choices import (
+    ACTIVATION_NAMES,
+    DGRAM_RETRACTIONS,
+    MSIGN_METHOD_NAMES,
+    NORM_NAMES,
+    validate_assignment,
+)
 from workloads.config import ConfigError, GPTConfig, WorkloadConfig, flatten
-from workloads.geometry.dgram import DGRAM_RETRACTIONS
-from workloads.geometry.msign import MSIGN_METHODS
-from workloads.models.mlp import ACTIVATIONS, NORMS
-from workloads.optim import validate_assignment
-from workloads.residual import family_params
+from workloads.residual_params import family_params
 
 __all__ = ["validate", "choices"]
 
@@ -34,13 +37,13 @@ def choices(cfg: WorkloadConfig) -> dict[str, tuple[str, ...]]:
         "optim.name": ("adamw", "muon", "sgd"),
         "optim.schedule": ("cosine", "constant"),
         "optim.muon.momentum_form": ("sum", "ema"),
-        "optim.muon.msign": tuple(MSIGN_METHODS),
-        "optim.manifold.dgram_retraction": tuple(DGRAM_RETRACTIONS),
+        "optim.muon.msign": MSIGN_METHOD_NAMES,
+        "optim.manifold.dgram_retraction": DGRAM_RETRACTIONS,
         "train.dtype": ("float32", "bf16"),
     }
     if not isinstance(cfg.model, GPTConfig):
-        out["model.activation"] = tuple(ACTIVATIONS)
-        out["model.norm"] = tuple(NORMS)
+        out["model.activation"] = ACTIVATION_NAMES
+        out["model.norm"] = NORM_NAMES
         out["model.init"] = ("depth_scaled", "fan_in")
     return out
 

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as st
 
 __all__ = [
     "PairedResult",
@@ -32,6 +31,15 @@ __all__ = [
     "mde",
     "welch",
 ]
+
+
+def _st():
+    """scipy.stats, imported on first use: the sweep driver imports this module for the spike
+    count of a finished trial (analysis/fast_spikes.py) and needs none of it (~1 s)."""
+    from scipy import stats
+
+    return stats
+
 
 NAN = float("nan")
 
@@ -55,7 +63,7 @@ def t_interval(values: Iterable[float], conf: float = 0.95) -> tuple[float, floa
     if n == 1:
         return mean, NAN, NAN
     # half-width by hand so a zero spread gives a zero-width interval (scipy returns nan)
-    half = float(st.t.ppf(0.5 + conf / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    half = float(_st().t.ppf(0.5 + conf / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
     return mean, mean - half, mean + half
 
 
@@ -65,7 +73,7 @@ def wilson_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float, f
         raise ValueError(f"wilson_interval: need 0 <= k <= n, got k={k}, n={n}")
     if n == 0:
         return NAN, 0.0, 1.0
-    z = float(st.norm.ppf(0.5 + conf / 2))
+    z = float(_st().norm.ppf(0.5 + conf / 2))
     p = k / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
@@ -133,7 +141,7 @@ def paired_difference(a, b, conf: float = 0.95) -> PairedResult:
         return PairedResult(n, mean, lo, hi, NAN)
     if float(d.std(ddof=1)) == 0.0:  # t is +-inf (or 0/0): the limit of the test
         return PairedResult(n, mean, lo, hi, 1.0 if mean == 0.0 else 0.0)
-    p = float(st.ttest_rel(x, y).pvalue)
+    p = float(_st().ttest_rel(x, y).pvalue)
     return PairedResult(n, mean, lo, hi, p)
 
 
@@ -203,7 +211,7 @@ def mde(s: float, n: int, alpha: float = 0.05, power: float = 0.8,
     dof = n + nb - 2 if df is None else df
     if n < 2 or nb < 2 or dof <= 0:
         return math.inf
-    t = float(st.t.ppf(1 - alpha / 2, dof) + st.t.ppf(power, dof))
+    t = float(_st().t.ppf(1 - alpha / 2, dof) + _st().t.ppf(power, dof))
     return t * s * math.sqrt(1.0 / n + 1.0 / nb)
 
 
@@ -229,6 +237,6 @@ def welch(a: Iterable[float], b: Iterable[float], conf: float = 0.95) -> PairedR
     if se2 == 0.0:  # both spreads zero: the limit of the test
         return PairedResult(n, mean, mean, mean, 1.0 if mean == 0.0 else 0.0)
     df = se2 ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
-    half = float(st.t.ppf(0.5 + conf / 2, df) * math.sqrt(se2))
-    p = float(st.ttest_ind(x, y, equal_var=False).pvalue)
+    half = float(_st().t.ppf(0.5 + conf / 2, df) * math.sqrt(se2))
+    p = float(_st().ttest_ind(x, y, equal_var=False).pvalue)
     return PairedResult(n, mean, mean - half, mean + half, p)

@@ -63,9 +63,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     from cluster.local import connect
     from orchestrator.store.lock import lock_sweep, unlock_sweep
     from orchestrator.store.manifest import write_manifest
-    from orchestrator.store.summary import log_sweep_summary
-    from orchestrator.store.weights import keep_weights
     from orchestrator.sweep.experiments import save_experiment
+
+    # imported where used, after the trials: the summary pulls in MLflow (built on a thread
+    # meanwhile) and the kept weights torch, ~2-3 s each before the first trial otherwise
 
     t0 = time.time()
     _quiet_logs()
@@ -126,6 +127,9 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
         for r in records:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
         if not interrupted:
+            from orchestrator.store.summary import log_sweep_summary
+            from orchestrator.store.weights import keep_weights
+
             keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
             log_sweep_summary(mlflow, records, _objective(), spec.search.mode)
     except BaseException as e:  # a sweep that raises (or a second Ctrl-C) is not FINISHED

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from workloads.choices import DGRAM_RETRACTIONS  # the names; implemented below
 from workloads.geometry.dual_newton import off
 from workloads.geometry.msign import msign, polar_gram
 from workloads.geometry.stiefel import gram_dualize
@@ -25,7 +26,6 @@ __all__ = [
     "dgram_violation",
 ]
 
-DGRAM_RETRACTIONS = ("paper_svd_sorted", "colnorm_polar")
 
 
 def diag_part(M: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from workloads.choices import STRATEGIES, validate_assignment
 from workloads.config import ConfigError
 from workloads.geometry.manifolds import MANIFOLDS
 
@@ -26,21 +27,13 @@ __all__ = [
     "resolve_assignment",
 ]
 
-CONSTRAINTS = tuple(MANIFOLDS)  # registry keys: a new manifold is a valid choice at once
+# the registry's keys; validation reads the same names from workloads/choices.py (torch-free),
+# which tests/workloads/test_choices.py keeps equal to these
+CONSTRAINTS = tuple(MANIFOLDS)
 # Hidden matrices go to Muon; io matrices (roles in/out) and embeddings stay on AdamW.
 _ATTENTION_ROLES = frozenset({"qkv", "q", "k", "v", "o"})
 _MLP_ROLES = frozenset({"fc", "proj", "gate", "up", "down", "hidden"})
 MUON_ROLES = _ATTENTION_ROLES | _MLP_ROLES
-
-# strategy -> {kind: constraint}
-STRATEGIES: dict[str, dict[str, str]] = {
-    "unconstrained": {"attention": "none", "mlp": "none"},
-    "all_stiefel": {"attention": "stiefel", "mlp": "stiefel"},
-    "all_dgram": {"attention": "dgram", "mlp": "dgram"},
-    "hetero": {"attention": "stiefel", "mlp": "dgram"},
-    "hetero_inv": {"attention": "dgram", "mlp": "stiefel"},
-}
-
 _KEY = "optim.manifold.assignment"
 
 
@@ -59,29 +52,6 @@ def matrix_kind(mr: MatrixRoleLike) -> str:
     if mr.kind in ("attention", "mlp"):
         return mr.kind
     return "attention" if mr.role in _ATTENTION_ROLES else "mlp"
-
-
-def validate_assignment(assignment: Any) -> None:
-    """Raise ``ConfigError`` (one line) unless ``assignment`` is a strategy or a pattern map."""
-    if isinstance(assignment, str):
-        if assignment not in STRATEGIES:
-            raise ConfigError(
-                f"{_KEY}: {assignment!r} is not one of {', '.join(STRATEGIES)} "
-                f"(or a {{pattern: constraint}} map)"
-            )
-        return
-    if not isinstance(assignment, dict):
-        raise ConfigError(
-            f"{_KEY}: expected a strategy name or a {{pattern: constraint}} map, "
-            f"got {type(assignment).__name__}"
-        )
-    for pattern, constraint in assignment.items():
-        if not isinstance(pattern, str) or not pattern:
-            raise ConfigError(f"{_KEY}: pattern {pattern!r} must be a non-empty string")
-        if constraint not in CONSTRAINTS:
-            raise ConfigError(
-                f"{_KEY}[{pattern!r}]: {constraint!r} is not one of {', '.join(CONSTRAINTS)}"
-            )
 
 
 def _matches(pattern: str, mr: MatrixRoleLike) -> bool:
