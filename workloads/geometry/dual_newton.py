@@ -87,6 +87,15 @@ class GramProblem:
         self.G1 = (W.mT @ G).to(_F64)
         self.C = _sym(G.mT @ G).to(_F64)
 
+    @classmethod
+    def from_grams(cls, C: torch.Tensor, G1: torch.Tensor, M: torch.Tensor, P: Projector,
+                   mu: float = 0.0) -> GramProblem:
+        """The problem from its three fp64 Grams (G^T G, W^T G, W^T W): no tall products."""
+        pb = cls.__new__(cls)
+        pb.P, pb.mu2, pb.n = P, mu * mu, M.shape[-1]
+        pb.C, pb.G1, pb.M = C, G1, M
+        return pb
+
     def state(self, L: torch.Tensor) -> dict[str, torch.Tensor]:
         """f, H and what the Newton direction needs at multiplier L (..., n, n): one eigh."""
         ML = self.M @ L
