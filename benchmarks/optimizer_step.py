@@ -10,7 +10,8 @@ interleaved round by round (rotating order) so machine load hits them alike; med
 Prints a table, then as the last line one JSON object of ratios against AdamW (gpt-tiny at
 top level, every preset under ``by_preset``; e.g. ``stiefel_vs_adamw``) and
 ``dual_residual_final`` / ``dual_passes_max``: the worst final dual residual ||H||_F / n and
-pass count over the manifold arms' matrices at their last step. Uses the real GPT when
+pass count over the manifold arms' matrices at their last step (and per arm, e.g.
+``stiefel_dual_residual_final``). Uses the real GPT when
 ``workloads.models.gpt`` imports, else a stand-in with the same trainable shapes.
 """
 
@@ -118,10 +119,14 @@ def bench_preset(preset, rounds: int, inner: int, device: torch.device) -> tuple
             sync()
             times[arm].append((time.perf_counter() - t0) / inner)
     med = {arm: statistics.median(ts) for arm, ts in times.items()}
-    # the dual's final residual ||H||_F / n and passes, worst over the manifold arms' matrices
-    health = [row for arm in ARMS for row in setups[arm].health().values()]
-    med["dual_residual_final"] = max((r["dual_residual"] for r in health), default=0.0)
-    med["dual_passes_max"] = max((r["dual_passes"] for r in health), default=0.0)
+    # the dual's final residual ||H||_F / n and passes, worst over the manifold arms' matrices,
+    # and per arm (a ratio is only meaningful next to its own arm's residual)
+    health = {arm: list(setups[arm].health().values()) for arm in ARMS}
+    for arm, rows in [("", [r for rs in health.values() for r in rs])] + list(health.items()):
+        if rows or not arm:
+            key = f"{arm}_" if arm else ""
+            med[f"{key}dual_residual_final"] = max((r["dual_residual"] for r in rows), default=0.0)
+            med[f"{key}dual_passes_max"] = max((r["dual_passes"] for r in rows), default=0.0)
     return med, source
 
 
@@ -144,8 +149,8 @@ def main() -> None:
         med, source = bench_preset(preset, args.rounds, args.inner, device)
         ratios[label] = {f"{arm}_vs_adamw": med[arm] / med["adamw"] for arm in ARMS
                          if arm != "adamw"}
-        ratios[label]["dual_residual_final"] = med.pop("dual_residual_final")
-        ratios[label]["dual_passes_max"] = med.pop("dual_passes_max")
+        for key in [k for k in med if k.endswith(("dual_residual_final", "dual_passes_max"))]:
+            ratios[label][key] = med.pop(key)
         for arm, t in med.items():
             print(f"{label:<10} {arm:<12} {1e3 * t:>10.2f} {t / med['adamw']:>8.1f}")
         print(f"{'':<10} model: {source}")

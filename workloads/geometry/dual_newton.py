@@ -33,6 +33,7 @@ _F64, _F32 = torch.float64, torch.float32
 ETA_MIN, ETA_MAX = 1e-3, 0.1  # the CG forcing term's range (see _newton_direction)
 LADDER_RATIO = math.sqrt(10.0)  # mu shrinks by this per rung (see mu_ladder)
 STAGE_TOL = 1e-3  # a smoothing rung's stopping residual before the last one (see mu_ladder)
+M_EYE_TOL = 1e-4  # ||W^T W - I||_F below this: CG takes M = I (see _newton_direction)
 
 
 def identity(M: torch.Tensor) -> torch.Tensor:
@@ -87,6 +88,22 @@ class GramProblem:
         self.G1 = (W.mT @ G).to(_F64)
         self.C = _sym(G.mT @ G).to(_F64)
 
+    @classmethod
+    def from_grams(cls, C: torch.Tensor, G1: torch.Tensor, M: torch.Tensor, P: Projector,
+                   mu: float = 0.0) -> GramProblem:
+        """The problem from its three fp64 Grams (G^T G, W^T G, W^T W): no tall products."""
+        pb = cls.__new__(cls)
+        pb.P, pb.mu2, pb.n = P, mu * mu, M.shape[-1]
+        pb.C, pb.G1, pb.M = C, G1, M
+        return pb
+
+    def m_is_eye(self) -> bool:
+        """Whether every M = W^T W is I to ~fp32 round-off (one host sync, then cached)."""
+        if not hasattr(self, "_m_is_eye"):
+            eye = torch.eye(self.n, dtype=self.M.dtype, device=self.M.device)
+            self._m_is_eye = float(torch.linalg.matrix_norm(self.M - eye).max()) < M_EYE_TOL
+        return self._m_is_eye
+
     def state(self, L: torch.Tensor) -> dict[str, torch.Tensor]:
         """f, H and what the Newton direction needs at multiplier L (..., n, n): one eigh."""
         ML = self.M @ L
@@ -108,7 +125,10 @@ def _newton_direction(pb: GramProblem, st: dict, cg_iters: int) -> torch.Tensor:
     s = st["s"].to(_F32)
     Vt = V.mT
     Yb = Vt @ st["Y"].to(_F32) @ V
-    MDs = Vt @ pb.M.to(_F32) @ V  # M in the basis (~I on Stiefel, kept exact)
+    # M in the basis; on the manifold (M = I to fp32 round-off, the optimizer's case) it is
+    # left out: CG only needs a few digits (f, H and the residual stay exact), and that saves
+    # 2 + (one per CG iteration) n x n products a pass
+    MDs = None if pb.m_is_eye() else Vt @ pb.M.to(_F32) @ V
     inv_s = _inv(s).unsqueeze(-2)
     si, sj = s.unsqueeze(-1), s.unsqueeze(-2)
     K = -_inv(si * sj * (si + sj))
@@ -121,7 +141,7 @@ def _newton_direction(pb: GramProblem, st: dict, cg_iters: int) -> torch.Tensor:
     def hess(D: torch.Tensor) -> torch.Tensor:
         DY = D @ Yb
         dQ = K * (2.0 * (DY + DY.mT))
-        dWA = 2.0 * (MDs @ D) * inv_s + Yb @ dQ
+        dWA = 2.0 * (D if MDs is None else MDs @ D) * inv_s + Yb @ dQ
         return Pb(dWA + dWA.mT)
 
     tiny = torch.finfo(_F32).tiny

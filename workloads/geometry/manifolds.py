@@ -27,6 +27,9 @@ from workloads.geometry.stiefel import (
     stiefel_tangent_project,
     stiefel_violation,
 )
+from workloads.geometry.stiefel_step import stiefel_gram_step
+
+StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
 
 __all__ = ["DualOptions", "Manifold", "MANIFOLDS", "get_manifold"]
 
@@ -89,6 +92,17 @@ class Manifold:
         return dual_ascent(G, frame, self.projector, opts.method, opts.steps, opts.lr,
                            opts.tol, msign_fn, opts.cg_iters, opts.smooth, L0)
 
+    def step(self, W: torch.Tensor, G: torch.Tensor, lr: float, opts: DualOptions = DualOptions(),
+             L0: torch.Tensor | None = None, exact: bool = False, retraction: str | None = None
+             ) -> StepResult:
+        """W' = retract(W - lr A) for tall W, G: ``(W', residual, passes, displacement, L)``,
+        displacement = ||W' - W1||_F / ||W1||_F with W1 = W - lr A (docs/science.md §3.5)."""
+        dual = self.dualize(G, W, opts, L0)
+        W1 = W - lr * dual.A
+        W2 = self.retract(W1, exact=exact, retraction=retraction)
+        displacement = torch.linalg.matrix_norm(W2 - W1) / torch.linalg.matrix_norm(W1)
+        return W2, dual.residual, dual.passes, displacement, dual.L
+
 
 class Stiefel(Manifold):
     """St(m, n) = {W^T W = I}; Gram projector identity; retraction msign (or exact SVD)."""
@@ -104,6 +118,16 @@ class Stiefel(Manifold):
     def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None
                 ) -> torch.Tensor:
         return stiefel_retract(W, "svd" if exact else _fast_msign(W))
+
+    def step(self, W: torch.Tensor, G: torch.Tensor, lr: float, opts: DualOptions = DualOptions(),
+             L0: torch.Tensor | None = None, exact: bool = False, retraction: str | None = None
+             ) -> StepResult:
+        # On CPU (where the retraction is the Gram polar factor anyway) the newton dual and the
+        # retraction share the Gram products: two tall products less (stiefel_step).
+        if opts.method == "newton" and not exact and _fast_msign(W) == "gram":
+            return stiefel_gram_step(W, G, lr, opts.steps, opts.tol, opts.cg_iters, opts.smooth,
+                                     L0)
+        return super().step(W, G, lr, opts, L0, exact, retraction)
 
     def tangent_project(self, W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
         return stiefel_tangent_project(W, Z)

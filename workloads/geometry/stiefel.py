@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from workloads.geometry.dual import dual_ascent
+from workloads.geometry.gram_sqrt import inv_sqrt_near
 from workloads.geometry.msign import msign
 
 __all__ = [
@@ -94,12 +95,13 @@ def stiefel_retract(W: torch.Tensor, method: str = "msign") -> torch.Tensor:
     return msign(W, method="polar_express" if method == "msign" else "svd")
 
 
-def polar_near(W: torch.Tensor, tol: float = 1e-7) -> torch.Tensor:
-    """Polar factor of W (..., m, n), any orientation, by coupled Newton-Schulz on the small
-    Gram N = W^T W from Z = I (Z -> N^{-1/2}); quadratic while ||N - I||_2 < 1, so a step of
-    size eta from the manifold (||N - I|| ~ eta^2 + the previous retraction's error) needs 2-4
-    iterations. Farther away (or with non-finite entries) the SVD: an fp32 Gram would square an
-    arbitrary matrix's condition number.
+def polar_near(W: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
+    """Polar factor of W (..., m, n), any orientation, as W (W^T W)^{-1/2} with the small
+    Gram's inverse square root from ``gram_sqrt.inv_sqrt_near`` (a binomial series or coupled
+    Newton-Schulz: a step of size eta from the manifold has ||N - I|| ~ eta^2 plus the previous
+    retraction's error), to ``tol`` (default: the dtype's round-off). Farther away (or with
+    non-finite entries) the SVD: an fp32 Gram would square an arbitrary matrix's condition
+    number.
     """
     wide = W.shape[-2] < W.shape[-1]
     X = W.mT if wide else W
@@ -109,14 +111,7 @@ def polar_near(W: torch.Tensor, tol: float = 1e-7) -> torch.Tensor:
     err = float(torch.linalg.matrix_norm(N - eye).max())  # >= ||N - I||_2; one host sync
     if not err < 0.5:
         return msign(W, method="svd")
-    eps = max(tol, 4 * torch.finfo(X.dtype).eps)
-    # Y_k -> N^{1/2}, Z_k -> N^{-1/2}; the error squares each iteration: e_k ~ err^(2^k)
-    iters = max(1, math.ceil(math.log2(math.log(eps) / math.log(max(err, 1e-300)))) + 1) \
-        if err > eps else 0
-    Y, Z = N, eye.expand_as(N)
-    for _ in range(iters):
-        T = 1.5 * eye - 0.5 * (Z @ Y)
-        Y, Z = Y @ T, T @ Z
+    Z = inv_sqrt_near(N, tol)
     P = X @ Z
     return P.mT if wide else P
 

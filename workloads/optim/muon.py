@@ -82,14 +82,13 @@ def manifold_muon_step(
         W, G = W.mT, G.mT
     opts = DualOptions(dual_method, dual_steps, dual_lr, dual_tol, dual_smooth, msign_method,
                        dual_cg_iters)
-    dual = manifold.dualize(G, W, opts, None if warm is None else warm.get("lambda"))
-    if warm is not None:
-        warm["lambda"] = dual.L
-    W1 = W - lr * dual.A
     # NS5 is not a retraction (its singular values are not 1), so it maps to Polar Express.
-    W2 = manifold.retract(W1, exact=msign_method == "svd", retraction=dgram_retraction)
-    displacement = torch.linalg.matrix_norm(W2 - W1) / torch.linalg.matrix_norm(W1)
-    return (W2.mT if transposed else W2), dual.residual, dual.passes, displacement
+    W2, residual, passes, displacement, L = manifold.step(
+        W, G, lr, opts, None if warm is None else warm.get("lambda"),
+        exact=msign_method == "svd", retraction=dgram_retraction)
+    if warm is not None:
+        warm["lambda"] = L
+    return (W2.mT if transposed else W2), residual, passes, displacement
 
 
 class Muon(torch.optim.Optimizer):
