@@ -85,10 +85,13 @@ def _alive_actor_pids(address: str, class_name: str, env: dict[str, str]) -> lis
 def _actor_pids(address: str, class_name: str, env: dict[str, str]) -> dict[int, str]:
     """pid -> state of every actor of ``class_name`` the cluster has had, dead ones included.
     Asked from a fresh process: Ray caches its auth mode per process, and another test of this
-    session may have started a token-less Ray in this one."""
+    session may have started a token-less Ray in this one. Matched on the last part of Ray's
+    class name: Tune's trial actor is listed as ``ImplicitFunc`` or as its qualified name
+    ``wrap_function.<locals>.ImplicitFunc`` (both seen with Ray 2.60)."""
     code = ("import json, sys; from ray.util.state import list_actors; "
-            "a = list_actors(address=sys.argv[1], filters=[('class_name', '=', sys.argv[2])], "
-            "timeout=30); print(json.dumps({x.pid: x.state for x in a}))")
+            "a = list_actors(address=sys.argv[1], limit=10000, timeout=30); "
+            "print(json.dumps({x.pid: x.state for x in a "
+            "if x.class_name.rsplit('.', 1)[-1] == sys.argv[2]}))")
     r = subprocess.run([sys.executable, "-c", code, address, class_name], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -175,11 +178,14 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, executor, actor):
                 step = max(last.values(), default=0)
                 return step if step >= 2 * KILL_CKPT and step % KILL_CKPT else None
 
-            killed_at = _wait(ready, 300, proc, log, "first reports")
-            # Ray's state API can lag behind a busy machine: ask again until the actor is listed
+            # The actor is looked up first, while the trial trains: Ray's state API (a fresh
+            # process asking Ray, seconds on a busy machine, and it can lag) must not eat the
+            # kill window, or a fast machine finishes the trial before the kill (CI saw it).
+            # The one trial keeps its actor until the kill, so its pid is the one to kill.
             pids = _wait(lambda: _alive_actor_pids(head.gcs_address, actor, _env(**ray_env)),
-                         120, proc, log, f"a live {actor} actor")
+                         300, proc, log, f"a live {actor} actor")
             assert len(pids) == 1, pids
+            killed_at = _wait(ready, 300, proc, log, "first reports")
             # the kill must land before the end, or nothing restarts (the window is wide: see
             # KILL_STEPS); a run this late would prove nothing, so it fails loudly
             late = max(_curve_last_steps(parquet, "workerkill").values(), default=0)
