@@ -16,6 +16,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,5 +100,18 @@ def test_start_submit_quickstart_wait_stop(tmp_path: Path):
     assert all(not Path(t).exists() for t in tmps)
     for name in ("head", "node2", "mlflow"):
         assert not (state / f"{name}.pid").exists()
-    with socket.socket() as s:  # the dashboard port is free again
-        s.bind(("127.0.0.1", dash))
+    # the dashboard port is free again: nothing listens on it. SO_REUSEADDR, because the
+    # closed connections of the run leave it in TIME_WAIT for a minute, which a plain bind
+    # refuses (CI saw it); a process that still listens makes even this bind fail. A dying
+    # process may hold it a moment after `stop` returns.
+    deadline = time.monotonic() + 30
+    while True:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", dash))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.5)
