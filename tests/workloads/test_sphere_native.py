@@ -1,9 +1,13 @@
 """The compiled p=1 SpheretNorm kernel (``sphere_native``, ``sphere_p1.cpp``) against the reference
 ``sphere.sphere_step`` and its autograd in fp64, its fallbacks and its determinism.
 
-The first test of a machine builds the kernel (a C++ compiler, ~30-60 s; cached afterwards)."""
+The first test of a machine builds the kernel unless ``.ci/install`` has (a C++ compiler,
+~30-60 s; cached afterwards). Tests that change the switch do it on a copy of the module's
+state, so the order of tests does not matter."""
 
 import math
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -11,7 +15,7 @@ import torch
 
 from workloads.geometry import sphere_native
 from workloads.geometry.sphere import sphere_step
-from workloads.geometry.sphere_fused import sphere_step_fused
+from workloads.geometry.sphere_fused import sphere_step_eager, sphere_step_fused
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +29,15 @@ def native():
 
 @pytest.fixture
 def enabled(native, monkeypatch):
-    monkeypatch.setitem(sphere_native._state, "wanted", True)
+    monkeypatch.setitem(sphere_native._state, "mode", "on")
     return native
+
+
+def _fresh(monkeypatch, mode):
+    """A process that has not looked for the kernel yet, in the given mode."""
+    st = {"mode": mode, "ops": None, "failed": False, "build_s": None, "checked": False}
+    monkeypatch.setattr(sphere_native, "_state", st)
+    return st
 
 
 def _inputs(scale, seed=0, shape=(2, 3, 13), dtype=torch.float64):
@@ -161,9 +172,9 @@ def test_a_failed_build_warns_once_and_leaves_the_eager_step(monkeypatch):
     def broken():
         raise OSError("no compiler")
 
-    monkeypatch.setattr(sphere_native, "_load", broken)
-    monkeypatch.setattr(sphere_native, "_state",
-                        {"wanted": True, "ops": None, "failed": False, "build_s": None})
+    monkeypatch.setattr(sphere_native, "_build", broken)
+    monkeypatch.setattr(sphere_native, "is_built", lambda: False)
+    _fresh(monkeypatch, "on")
     h, u, a = _inputs(1.0)
     with pytest.warns(RuntimeWarning, match="no compiler"):
         assert not sphere_native.active()
@@ -174,18 +185,88 @@ def test_a_failed_build_warns_once_and_leaves_the_eager_step(monkeypatch):
 
 
 def test_enable_and_the_environment_switch(native, monkeypatch):
-    monkeypatch.setitem(sphere_native._state, "wanted", False)
+    monkeypatch.setitem(sphere_native._state, "mode", "off")
     assert not sphere_native.active()
     assert sphere_native.enable() and sphere_native.active()
     assert not sphere_native.enable(False)
     assert sphere_native.build_seconds() is not None
 
 
-@pytest.mark.parametrize(("value", "on"), [("1", True), ("0", False), ("", False), ("yes", False)])
-def test_environment_switch_values(monkeypatch, value, on):
+@pytest.mark.parametrize(("value", "mode"),
+                         [("1", "on"), ("0", "off"), ("", "auto"), ("yes", "auto")])
+def test_environment_switch_values(monkeypatch, value, mode):
     monkeypatch.setenv("GEOSWEEP_SPHERE_NATIVE", value)
     if value == "yes":
         with pytest.warns(RuntimeWarning, match="is not 0 or 1"):
-            assert sphere_native._from_env() is on
+            assert sphere_native._from_env() == mode
     else:
-        assert sphere_native._from_env() is on
+        assert sphere_native._from_env() == mode
+
+
+def test_default_mode_takes_a_finished_build_and_off_never(native, monkeypatch):
+    """Built (the fixture saw to it): the default p = 1 step is the kernel, within rounding of
+    the eager step; '0' gives the eager step; other p never take it."""
+    assert sphere_native.is_built()
+    h, u, a = _inputs(1.0, shape=(4, 8, 64))
+    _fresh(monkeypatch, "auto")
+    got = _grads(lambda *t: sphere_step_fused(*t, 1.0), h, u, a)
+    assert "P1Step" in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
+    assert "P1Step" not in sphere_step_fused(h, u, a, 2.0)[0].grad_fn.name()
+    ref = _grads(lambda *t: sphere_step_eager(*t, 1.0), h, u, a)
+    for x, y in zip(got, ref):
+        assert _rel(x, y) < 1e-12
+    _fresh(monkeypatch, "off")
+    assert "P1Step" not in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
+
+
+def test_default_mode_never_builds_and_looks_once(monkeypatch):
+    """Not built: the eager step, no build, and a build that appears later (another process)
+    does not switch this process half-way through a run."""
+    def no_build():
+        raise AssertionError("the default mode must not build")
+
+    built = {"v": False}
+    monkeypatch.setattr(sphere_native, "_build", no_build)
+    monkeypatch.setattr(sphere_native, "is_built", lambda: built["v"])
+    _fresh(monkeypatch, "auto")
+    h, u, a = _inputs(1.0)
+    assert not sphere_native.active()
+    built["v"] = True
+    assert not sphere_native.active()
+    assert "P1Step" not in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
+
+
+def test_build_folder_is_keyed_by_source_and_torch(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    d = sphere_native.build_dir()
+    assert d.parent == tmp_path and d.name.startswith("geosweep_sphere_p1-")
+    assert not sphere_native.is_built()  # an empty folder is not a build
+    monkeypatch.setattr(sphere_native.torch, "__version__", "0.0.0-other")
+    assert sphere_native.build_dir() != d
+
+
+def test_build_command_reports_a_build_and_a_failure(native, monkeypatch, capsys):
+    assert sphere_native._main(["--build"]) == 0
+    assert "kernel already built" in capsys.readouterr().out
+
+    def broken():
+        raise OSError("no compiler")
+
+    monkeypatch.setattr(sphere_native, "_build", broken)
+    monkeypatch.setattr(sphere_native, "is_built", lambda: False)
+    _fresh(monkeypatch, "auto")
+    assert sphere_native._main(["--build"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no compiler" in err[0] and "eager step" in err[0]
+
+
+def test_build_command_without_a_compiler_exits_1_with_one_line(tmp_path):
+    """The install step: a failed build is one line and exit 1 (install goes on), never a hang."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CXX": str(tmp_path / "no-cxx"),
+           "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    r = subprocess.run([sys.executable, "-m", "workloads.geometry.sphere_native", "--build"],
+                       env={**env, "PYTHONPATH": ":".join(sys.path)}, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("[geosweep]")]
+    assert len(lines) == 1 and "eager step" in lines[0], r.stderr

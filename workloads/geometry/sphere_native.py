@@ -1,4 +1,4 @@
-"""The p = 1 SpheretNorm step as a compiled CPU kernel (``sphere_p1.cpp``), opt-in.
+"""The p = 1 SpheretNorm step as a compiled CPU kernel (``sphere_p1.cpp``), the default once built.
 
 At small widths the eager step is all per-op overhead: ~40 element-wise ops and reductions
 per sublayer (forward and backward), each a few microseconds on a (256, 64) tensor, where a
@@ -8,15 +8,25 @@ formulas as ``sphere_fused._SphereStepP1`` (docs/science.md §2.3-2.4) in one ke
 on CPU: a compiled call cost ~50 us even for ``x + 1`` (torch 2.13), and the compiled step was
 no faster than the eager one.
 
-Opt-in, because the first use builds the kernel (a C++ compiler and ~30-60 s; torch caches the
-build per machine): set ``GEOSWEEP_SPHERE_NATIVE=1`` or call ``enable()``. When the build or
-load fails, or the inputs are not CPU floating tensors of one dtype, the eager step runs
-instead: the kernel changes speed only, never values beyond rounding.
+Building needs a C++ compiler and ~30-60 s, so it never happens by surprise during training:
+``python -m workloads.geometry.sphere_native --build`` (run by ``.ci/install``) builds it into
+a folder named by a hash of the source, torch, Python and the flags (``build_dir()``), and
+writes a READY file last. ``GEOSWEEP_SPHERE_NATIVE`` chooses:
+
+- unset (the default): the kernel when READY is there (loading it takes milliseconds), else
+  the eager step;
+- ``0``: the eager step always;
+- ``1``: the kernel, built on first use if need be.
+
+When a build or load fails, or the inputs are not CPU floating tensors of one dtype, the eager
+step runs instead: the kernel changes speed only, never values beyond rounding.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -24,58 +34,137 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["enable", "load", "active", "build_seconds", "usable", "sphere_step_p1_native"]
+__all__ = ["enable", "load", "active", "build_seconds", "usable", "sphere_step_p1_native",
+           "build_dir", "is_built", "build", "mode"]
 
 _SRC = Path(__file__).with_name("sphere_p1.cpp")
+_NAME = "geosweep_sphere_p1"
+_CFLAGS = ["-O3"]
 _ENV = "GEOSWEEP_SPHERE_NATIVE"
-_state: dict = {"wanted": False, "ops": None, "failed": False, "build_s": None}
+_MODES = {"": "auto", "0": "off", "1": "on"}
+# checked: auto mode looked for a finished build (once per process, so that one process never
+# switches paths half-way through a run when another one finishes a build).
+_state: dict = {"mode": "auto", "ops": None, "failed": False, "build_s": None, "checked": False}
 
 
-def _from_env() -> bool:
+def _from_env() -> str:
     v = os.environ.get(_ENV, "").strip()
-    if v not in ("", "0", "1"):
-        warnings.warn(f"{_ENV}={v!r} is not 0 or 1; the kernel stays off", RuntimeWarning,
-                      stacklevel=2)
-    return v == "1"
+    if v not in _MODES:
+        warnings.warn(f"{_ENV}={v!r} is not 0 or 1; the kernel is used only if already built",
+                      RuntimeWarning, stacklevel=2)
+        return "auto"
+    return _MODES[v]
 
 
-_state["wanted"] = _from_env()
+_state["mode"] = _from_env()
+
+
+def mode() -> str:
+    """'auto' (the kernel if already built), 'on' (build if need be) or 'off'."""
+    return _state["mode"]
 
 
 def enable(on: bool = True) -> bool:
-    """Use the kernel from now on (building it if need be); True when it is loaded."""
-    _state["wanted"] = on
+    """Use the kernel from now on, building it if need be (on), or never (off); True if loaded."""
+    _state["mode"] = "on" if on else "off"
     return active()
 
 
-def _load():
-    from torch.utils import cpp_extension  # heavy import; only when the kernel is wanted
+def _key() -> str:
+    # Everything the binary depends on: a different checkout with the same source shares the
+    # build; a torch or Python upgrade, or an edited source, gets a folder of its own.
+    h = hashlib.sha256(_SRC.read_bytes())
+    for part in (torch.__version__, str(torch.version.cuda), sys.version.split()[0],
+                 sys.platform, " ".join(_CFLAGS)):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:16]
 
-    t = time.perf_counter()
-    cpp_extension.load(name="geosweep_sphere_p1", sources=[str(_SRC)], extra_cflags=["-O3"],
-                       is_python_module=False, verbose=False)
-    _state["build_s"] = time.perf_counter() - t
+
+def build_dir() -> Path:
+    """Where the kernel is built: $TORCH_EXTENSIONS_DIR (or torch's per-user cache) / name-key.
+
+    Ray workers on the same machine inherit the driver's environment, so they find the same
+    folder; on a machine without it they run the eager step."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:  # torch's own default (torch._appdirs.user_cache_dir on Linux)
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        root = os.path.join(cache, "torch_extensions")
+    return Path(root) / f"{_NAME}-{_key()}"
+
+
+def _library(d: Path) -> Path:
+    return d / f"{_NAME}.so"
+
+
+def is_built() -> bool:
+    """True when a finished build for this source, torch and Python is on disk."""
+    d = build_dir()
+    return (d / "READY").is_file() and _library(d).is_file()
+
+
+def _load_built():
+    torch.ops.load_library(str(_library(build_dir())))
     return torch.ops.geosweep_sphere.p1_step.default  # the overload: less to resolve per call
 
 
-def active() -> bool:
-    """True when the kernel is wanted (enabled) and loaded; the first call builds or loads it."""
-    return _state["wanted"] and load()
+def _build():
+    from torch.utils import cpp_extension  # heavy import; only when a build is asked for
+
+    d = build_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    # torch holds a lock file in d while it builds: a second process waits, then loads.
+    cpp_extension.load(name=_NAME, sources=[str(_SRC)], extra_cflags=_CFLAGS,
+                       build_directory=str(d), is_python_module=False, verbose=False)
+    _state["build_s"] = time.perf_counter() - t
+    tmp = d / f"READY.{os.getpid()}"
+    tmp.write_text(_key() + "\n")
+    os.replace(tmp, d / "READY")  # written last and atomically: auto mode never sees half a build
+    return torch.ops.geosweep_sphere.p1_step.default
+
+
+def _try(loader, what: str) -> bool:
+    try:
+        _state["ops"] = loader()
+    except Exception as e:  # no compiler, no headers, a broken file: the eager step is exact
+        _state["failed"] = True
+        warnings.warn(f"SpheretNorm native p=1 kernel {what} failed, using the eager step: "
+                      f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 def load() -> bool:
-    """Build or load the kernel (once); True when loaded. Does not make it the default."""
+    """Load the kernel, building it first if it is not built (once); True when loaded."""
+    if _state["ops"] is not None:
+        return True
     if _state["failed"]:
         return False
-    if _state["ops"] is None:
-        try:
-            _state["ops"] = _load()
-        except Exception as e:  # no compiler, no headers, ...: the eager step is exact anyway
-            _state["failed"] = True
-            warnings.warn(f"SpheretNorm native p=1 kernel unavailable, using the eager step: "
-                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
-            return False
-    return True
+    if is_built():
+        t = time.perf_counter()
+        if _try(_load_built, "load"):
+            _state["build_s"] = time.perf_counter() - t
+            return True
+        return False
+    return _try(_build, "build")
+
+
+def _load_if_built() -> bool:
+    if _state["ops"] is not None:
+        return True
+    if _state["checked"] or _state["failed"]:
+        return False
+    _state["checked"] = True
+    return is_built() and load()
+
+
+def active() -> bool:
+    """True when the step should take the kernel: 'on' builds it if need be, 'auto' only
+    loads a finished build, 'off' never."""
+    m = _state["mode"]
+    if m == "auto":
+        return _load_if_built()
+    return m == "on" and load()
 
 
 def build_seconds() -> float | None:
@@ -102,3 +191,35 @@ def sphere_step_p1_native(h: Tensor, u: Tensor, a: Tensor) -> tuple[Tensor, Tens
         return _state["ops"](h, u, a if a.dtype == h.dtype else a.to(h.dtype))
     out, b = _state["ops"](h.float(), u.float(), a.float())
     return out.to(h.dtype), b
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``--build``: build (or find) the kernel, one line either way; exit 1 if it cannot be
+    built (the eager step then runs: slower, same values). ``--status``: where, and whether."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m workloads.geometry.sphere_native")
+    ap.add_argument("--build", action="store_true", help="build the kernel unless built")
+    ap.add_argument("--status", action="store_true", help="print where it is and if it is built")
+    args = ap.parse_args(argv)
+    where = build_dir()
+    if args.build:
+        was = is_built()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = load()
+        if not ok:
+            why = str(caught[-1].message) if caught else "unknown error"
+            print(f"[geosweep] SpheretNorm kernel not built ({why.splitlines()[0]}); "
+                  f"SpheretNorm p=1 will use the eager step", file=sys.stderr)
+            return 1
+        how = "already built" if was else f"built in {build_seconds():.1f} s"
+        print(f"[geosweep] SpheretNorm p=1 kernel {how}: {where}")
+        return 0
+    print(f"[geosweep] SpheretNorm p=1 kernel {'built' if is_built() else 'not built'}: {where}; "
+          f"{_ENV} mode {mode()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -16,29 +16,45 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Eight independent accumulators: lets the compiler vectorise a reduction it may not reorder.
+// <x, y> and <w, y> in one pass over a row. Eight independent accumulators each: lets the
+// compiler vectorise a reduction it may not reorder.
 template <typename T>
-inline T dot(const T* __restrict__ x, const T* __restrict__ y, int64_t d) {
-  T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+inline void dot2(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ y,
+                 int64_t d, T& xy, T& wy) {
+  T a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= d; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += x[i + j] * y[i + j];
-  T rest = 0;
-  for (; i < d; ++i) rest += x[i] * y[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + rest;
+    for (int j = 0; j < 8; ++j) {
+      a[j] += x[i + j] * y[i + j];
+      b[j] += w[i + j] * y[i + j];
+    }
+  T ra = 0, rb = 0;
+  for (; i < d; ++i) {
+    ra += x[i] * y[i];
+    rb += w[i] * y[i];
+  }
+  xy = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) + ra;
+  wy = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7])) + rb;
 }
 
-// Norm of z = u - m h without storing z.
+// <g, h> and <g, z> with z = u - m h, in one pass, without storing z.
 template <typename T>
-inline T zdot(const T* __restrict__ u, const T* __restrict__ h, T m, const T* __restrict__ y,
-              int64_t d) {
-  T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+inline void gdots(const T* __restrict__ g, const T* __restrict__ h, const T* __restrict__ u, T m,
+                  int64_t d, T& gh, T& gz) {
+  T a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= d; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += (u[i + j] - m * h[i + j]) * y[i + j];
-  T rest = 0;
-  for (; i < d; ++i) rest += (u[i] - m * h[i]) * y[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + rest;
+    for (int j = 0; j < 8; ++j) {
+      a[j] += g[i + j] * h[i + j];
+      b[j] += (u[i + j] - m * h[i + j]) * g[i + j];
+    }
+  T ra = 0, rb = 0;
+  for (; i < d; ++i) {
+    ra += g[i] * h[i];
+    rb += (u[i] - m * h[i]) * g[i];
+  }
+  gh = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) + ra;
+  gz = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7])) + rb;
 }
 
 template <typename T>
@@ -91,8 +107,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> p1_fwd(const at::Tensor& h, const
     at::parallel_for(0, n, grain(d), [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const scalar_t *__restrict__ hr = hp + r * d, *__restrict__ ur = up + r * d;
-        const scalar_t hh = dot(hr, hr, d);
-        const scalar_t m = dot(ur, hr, d) / hh;
+        scalar_t hh, uh;
+        dot2(hr, ur, hr, d, hh, uh);
+        const scalar_t m = uh / hh;
         const scalar_t q = zz_of(ur, hr, m, d) / hh;
         const scalar_t bb = q * (av * av);
         const scalar_t c = scalar_t(1) / std::sqrt(bb + scalar_t(1));
@@ -127,7 +144,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> p1_bwd(const at::Tensor& g, const
         const scalar_t *__restrict__ hr = hp + r * d, *__restrict__ ur = up + r * d;
         const scalar_t *__restrict__ gr = gp + r * d, *s = sp + 4 * r;
         const scalar_t hh = s[0], m = s[1], q = s[2], c = s[3];
-        const scalar_t gh = dot(gr, hr, d), gz = zdot(ur, hr, m, gr, d);
+        scalar_t gh, gz;
+        gdots(gr, hr, ur, m, d, gh, gz);
         const scalar_t ca = c * av;
         // G = C'(b) <g, h + a z> (+ dL/db), C' = -c^3/2
         scalar_t big_g = (gh + gz * av) * (scalar_t(-0.5) * c * c * c);
