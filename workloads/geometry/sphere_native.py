@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["enable", "load", "active", "build_seconds", "usable", "sphere_step_p1_native",
-           "build_dir", "is_built", "build", "mode"]
+           "build_dir", "is_built", "mode"]
 
 _SRC = Path(__file__).with_name("sphere_p1.cpp")
 _NAME = "geosweep_sphere_p1"
@@ -107,11 +108,20 @@ def _load_built():
     return torch.ops.geosweep_sphere.p1_step.default  # the overload: less to resolve per call
 
 
+def _ninja_on_path() -> None:
+    # torch runs `ninja` from PATH; the pip package installs it next to this interpreter, which
+    # is not on PATH when .venv/bin/python is run without activating the venv.
+    here = Path(sys.executable).parent
+    if shutil.which("ninja") is None and (here / "ninja").is_file():
+        os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def _build():
     from torch.utils import cpp_extension  # heavy import; only when a build is asked for
 
     d = build_dir()
     d.mkdir(parents=True, exist_ok=True)
+    _ninja_on_path()
     t = time.perf_counter()
     # torch holds a lock file in d while it builds: a second process waits, then loads.
     cpp_extension.load(name=_NAME, sources=[str(_SRC)], extra_cflags=_CFLAGS,
@@ -208,10 +218,11 @@ def _main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ok = load()
-        if not ok:
-            why = str(caught[-1].message) if caught else "unknown error"
-            print(f"[geosweep] SpheretNorm kernel not built ({why.splitlines()[0]}); "
-                  f"SpheretNorm p=1 will use the eager step", file=sys.stderr)
+        if not ok:  # one line on stdout; the compiler's own output went to stderr
+            why = str(caught[-1].message).split(": ", 1)[-1] if caught else "unknown error"
+            why = why.splitlines()[0] if why else why
+            print(f"[geosweep] SpheretNorm p=1 kernel not built ({why[:160]}); SpheretNorm "
+                  f"p=1 will use the eager step (same values, slower)")
             return 1
         how = "already built" if was else f"built in {build_seconds():.1f} s"
         print(f"[geosweep] SpheretNorm p=1 kernel {how}: {where}")
