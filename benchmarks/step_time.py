@@ -9,9 +9,11 @@ count; one torch thread by default):
 - spheret p=1 with the default step (``spheret_p1``: the compiled CPU kernel of
   ``sphere_native`` when it is built, else the eager fused Function; which one is reported as
   ``default_is_native``, decided before this script builds anything) vs the eager fused Function
-  (``spheret_p1_eager``), the autograd reference (``spheret_p1_ref``: ``sphere.sphere_step``,
-  ~20 autograd nodes per sublayer) and the kernel itself (``spheret_p1_native``; built here if
-  need be, its build or load time reported as ``native_build_s``; left out if that fails),
+  (``spheret_p1_eager``; ``spheret_p2_eager`` and ``geonorm_eager`` likewise for p = 2 and
+  p = inf, whose default arms take the kernel too), the autograd reference
+  (``spheret_p1_ref``: ``sphere.sphere_step``, ~20 autograd nodes per sublayer) and the kernel
+  itself (``spheret_p1_native``; built here if need be, its build or load time reported as
+  ``native_build_s``; left out if that fails),
 - achieved FLOP/s (6 N tokens + attention) vs a large ``torch.mm`` on the same machine.
 With ``--compile`` every variant is ``torch.compile``d and its compile time (first step minus
 a median step) is reported too.
@@ -103,15 +105,17 @@ class ReferenceGPT(nn.Module):
 FAMILIES = [("pre_ln", {}), ("post_ln", {}), ("peri_ln", {}), ("pre_dyt", {}), ("keel", {}),
             ("geonorm", {}), ("spheret_p1", {"p": 1.0}), ("spheret_p2", {"p": 2.0}),
             ("spheret_p0.5", {"p": 0.5}), ("spheret_p1_ref", {"p": 1.0}),
-            ("spheret_p1_eager", {"p": 1.0}), ("spheret_p1_native", {"p": 1.0})]
+            ("spheret_p1_eager", {"p": 1.0}), ("spheret_p1_native", {"p": 1.0}),
+            ("spheret_p2_eager", {"p": 2.0}), ("geonorm_eager", {})]
 RATIO_KEYS = ["spheret_p1", "spheret_p1_eager", "spheret_p1_ref", "spheret_p1_native",
-              "spheret_p2", "spheret_p0.5", "geonorm", "post_ln", "peri_ln", "pre_dyt", "keel"]
+              "spheret_p2", "spheret_p2_eager", "spheret_p0.5", "geonorm", "geonorm_eager",
+              "post_ln", "peri_ln", "pre_dyt", "keel"]
 
 
 def _native_step(h, u, alpha, p):
-    # The compiled p=1 kernel for this model only (the default arm stays eager).
-    if p == 1 and sphere_native.usable(h, u):
-        return sphere_native.sphere_step_p1_native(h, u, alpha)  # alpha: 0-d a_k
+    # The compiled kernel whether or not it is the default here.
+    if sphere_native.usable(h, u):
+        return sphere_native.sphere_step_native(h, u, alpha, p)  # alpha: 0-d a_k
     return sphere_step_fused(h, u, alpha, p)
 
 
@@ -159,7 +163,8 @@ def _variants(s: dict, only: str) -> dict[str, nn.Module]:
     for label, extra in FAMILIES:
         if label.endswith("_native") and keep is not None and label not in keep:
             continue  # not asked for: do not build the kernel
-        fam = "spheret" if label.startswith("spheret") else label
+        base = label.removesuffix("_eager")
+        fam = "spheret" if base.startswith("spheret") else base
         cfg = GPTConfig(n_layer=L, n_head=nh, n_embd=d, block_size=T, vocab_size=V,
                         residual={"family": fam, **extra})
         model = build_model(cfg, vocab_size=V)

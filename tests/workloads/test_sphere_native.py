@@ -1,5 +1,6 @@
-"""The compiled p=1 SpheretNorm kernel (``sphere_native``, ``sphere_p1.cpp``) against the reference
-``sphere.sphere_step`` and its autograd in fp64, its fallbacks and its determinism.
+"""The compiled SpheretNorm kernel (``sphere_native``, ``sphere_step.cpp``) against the reference
+``sphere.sphere_step`` and its autograd in fp64 for every kind of p, its fallbacks, its switch
+and its determinism.
 
 The first test of a machine builds the kernel unless ``.ci/install`` has (a C++ compiler,
 ~30-60 s; cached afterwards). Tests that change the switch do it on a copy of the module's
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 def native():
     if not sphere_native.load():
         pytest.skip("no C++ toolchain to build the SpheretNorm kernel")
-    return sphere_native.sphere_step_p1_native
+    return lambda h, u, a, p=1.0: sphere_native.sphere_step_native(h, u, a, p)
 
 
 @pytest.fixture
@@ -62,41 +63,63 @@ def _rel(x, y):
     return ((x - y).abs().max() / y.abs().max().clamp_min(1e-300)).item()
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 13), (5, 64), (7, 3), (3, 2, 24)])
+# Every branch of the coefficients: p = 1 and 2 (closed forms), 3, 4, 8 (rational), 0.5, 3.7,
+# 9 and inf (trig above tau, Taylor below: scale 1e-5 puts beta^2 below tau).
+PS = [0.5, 1.0, 2.0, 3.0, 3.7, 4.0, 8.0, 9.0, math.inf]
+
+
+@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("shape", [(2, 3, 13), (5, 64), (7, 3)])
 @pytest.mark.parametrize("scale", [1e-5, 0.05, 1.0, 5.0])
 @pytest.mark.parametrize("with_b", [True, False])  # dL/dbeta^2 given, or not (the usual case)
-def test_values_and_grads_match_the_reference_fp64(native, shape, scale, with_b):
+def test_values_and_grads_match_the_reference_fp64(native, p, shape, scale, with_b):
     h, u, a = _inputs(scale, shape=shape)
-    ref = _grads(lambda *t: sphere_step(*t, 1.0), h, u, a, with_b=with_b)
-    got = _grads(native, h, u, a, with_b=with_b)
+    ref = _grads(lambda *t: sphere_step(*t, p), h, u, a, with_b=with_b)
+    got = _grads(lambda *t: native(*t, p), h, u, a, with_b=with_b)
     for name, x, y in zip(("out", "beta2", "dh", "du", "da"), got, ref):
         assert x.shape == y.shape and x.dtype == y.dtype, name
         assert _rel(x, y) < 1e-12, (name, _rel(x, y))
 
 
+@pytest.mark.parametrize("p", [0.5, 1.0, 2.0, 3.0, 3.7, math.inf])
 @pytest.mark.parametrize("scale", [1e-4, 1.0])
-def test_gradcheck_fp64(native, scale):
+def test_gradcheck_fp64(native, p, scale):
     h, u, a = _inputs(scale, shape=(2, 2, 5))
-    assert torch.autograd.gradcheck(native, (h, u, a))
+    assert torch.autograd.gradcheck(lambda *t: native(*t, p), (h, u, a))
+
+
+@pytest.mark.parametrize("p", [0.5, 3.7, math.inf])
+@pytest.mark.parametrize("f", [0.5, 2.0])
+def test_gradcheck_at_the_taylor_seam(native, p, f):
+    """beta^2 just below and above tau: the kernel takes the same branch as the reference."""
+    tau = 1e-6 * min(1.0, p * p)
+    h, u, a = _inputs(1.0, seed=3, shape=(1, 6))
+    with torch.no_grad():
+        z = u - (u * h).sum() / (h * h).sum() * h
+        a.copy_(math.sqrt(f * tau) * h.norm() / z.norm())
+    _, b = native(h, u, a, p)
+    assert (b.item() < tau) == (f < 1)
+    assert torch.autograd.gradcheck(lambda *t: native(*t, p), (h, u, a))
 
 
 @pytest.mark.parametrize("p", [0.5, 1.0, 2.0, 3.0, math.inf])
 def test_fused_step_with_the_kernel_enabled_matches_the_reference(enabled, p):
-    """Enabled, sphere_step_fused takes the kernel for p = 1 only; every p stays exact."""
+    """Enabled, sphere_step_fused takes the kernel for every p; every p stays exact."""
     h, u, a = _inputs(1.0)
     ref = _grads(lambda *t: sphere_step(*t, p), h, u, a)
     got = _grads(lambda *t: sphere_step_fused(*t, p), h, u, a)
     for name, x, y in zip(("out", "beta2", "dh", "du", "da"), got, ref):
         assert _rel(x, y) < 1e-12, (p, name, _rel(x, y))
     node = sphere_step_fused(h, u, a, p)[0].grad_fn.name()
-    assert ("P1Step" in node) == (p == 1), node
+    assert "NativeSphereStep" in node, node
 
 
-def test_fp32_and_bf16_inputs(native):
+@pytest.mark.parametrize("p", [1.0, 0.5, math.inf])
+def test_fp32_and_bf16_inputs(native, p):
     h, u, a = _inputs(1.0, shape=(4, 8, 64))
-    ref = _grads(native, h, u, a)
+    ref = _grads(lambda *t: native(*t, p), h, u, a)
     h32, u32, a32 = (t.detach().float().requires_grad_(True) for t in (h, u, a))
-    got = _grads(native, h32, u32, a32)
+    got = _grads(lambda *t: native(*t, p), h32, u32, a32)
     for x, y in zip(got, ref):
         assert x.dtype == torch.float32 and _rel(x.double(), y) < 1e-5
     hb, ub = (t.detach().bfloat16().requires_grad_(True) for t in (h, u))
@@ -106,12 +129,13 @@ def test_fp32_and_bf16_inputs(native):
     assert hb.grad.dtype == ub.grad.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("p", [1.0, 2.0, 3.7, math.inf])
 @pytest.mark.parametrize("case", ["parallel", "zero"])
-def test_degenerate_updates_give_h_and_finite_grads(native, case):
+def test_degenerate_updates_give_h_and_finite_grads(native, case, p):
     h = torch.randn(3, 5, 32, requires_grad=True)
     u = (2.5 * h.detach() if case == "parallel" else torch.zeros(3, 5, 32)).requires_grad_(True)
     a = torch.tensor(0.7, requires_grad=True)
-    out, _ = native(h, u, a)
+    out, _ = native(h, u, a, p)
     assert torch.allclose(out, h, atol=1e-5)
     (out * torch.randn_like(out)).sum().backward()
     for t in (h, u, a):
@@ -134,6 +158,13 @@ def test_non_contiguous_inputs_partial_grads_and_no_grad_modes(native):
     with torch.inference_mode():
         out_inf, _ = native(h.detach(), u.detach(), a.detach())
     assert out_ng.grad_fn is None and torch.equal(out_ng, out_inf)
+
+
+def test_bad_p_is_refused(native):
+    h, u, a = _inputs(1.0)
+    for p in (0.0, -1.0, math.nan):
+        with pytest.raises(RuntimeError, match="p must be > 0"):
+            native(h, u, a, p)
 
 
 def test_double_backward_is_refused(native):
@@ -165,7 +196,7 @@ def test_inputs_the_kernel_does_not_take_fall_back_to_eager(enabled):
     out, _ = sphere_step_fused(h.detach().to("meta"), u.detach().to("meta"), 0.5, 1.0)
     assert out.device.type == "meta"  # the eager step (shape counting)
     out, _ = sphere_step_fused(h.float(), u, a, 1.0)  # mixed dtypes: eager, still right
-    assert "P1Step" not in out.grad_fn.name()
+    assert "NativeSphereStep" not in out.grad_fn.name()
 
 
 def test_a_failed_build_warns_once_and_leaves_the_eager_step(monkeypatch):
@@ -204,19 +235,18 @@ def test_environment_switch_values(monkeypatch, value, mode):
 
 
 def test_default_mode_takes_a_finished_build_and_off_never(native, monkeypatch):
-    """Built (the fixture saw to it): the default p = 1 step is the kernel, within rounding of
-    the eager step; '0' gives the eager step; other p never take it."""
+    """Built (the fixture saw to it): the default step is the kernel, within rounding of the
+    eager step; '0' gives the eager step."""
     assert sphere_native.is_built()
     h, u, a = _inputs(1.0, shape=(4, 8, 64))
     _fresh(monkeypatch, "auto")
     got = _grads(lambda *t: sphere_step_fused(*t, 1.0), h, u, a)
-    assert "P1Step" in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
-    assert "P1Step" not in sphere_step_fused(h, u, a, 2.0)[0].grad_fn.name()
+    assert "NativeSphereStep" in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
     ref = _grads(lambda *t: sphere_step_eager(*t, 1.0), h, u, a)
     for x, y in zip(got, ref):
         assert _rel(x, y) < 1e-12
     _fresh(monkeypatch, "off")
-    assert "P1Step" not in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
+    assert "NativeSphereStep" not in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
 
 
 def test_default_mode_never_builds_and_looks_once(monkeypatch):
@@ -233,13 +263,13 @@ def test_default_mode_never_builds_and_looks_once(monkeypatch):
     assert not sphere_native.active()
     built["v"] = True
     assert not sphere_native.active()
-    assert "P1Step" not in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
+    assert "NativeSphereStep" not in sphere_step_fused(h, u, a, 1.0)[0].grad_fn.name()
 
 
 def test_build_folder_is_keyed_by_source_and_torch(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     d = sphere_native.build_dir()
-    assert d.parent == tmp_path and d.name.startswith("geosweep_sphere_p1-")
+    assert d.parent == tmp_path and d.name.startswith("geosweep_sphere_step-")
     assert not sphere_native.is_built()  # an empty folder is not a build
     monkeypatch.setattr(sphere_native.torch, "__version__", "0.0.0-other")
     assert sphere_native.build_dir() != d

@@ -220,8 +220,8 @@ def sphere_step_fused(h: Tensor, u: Tensor, alpha: Tensor | float,
                       p: float) -> tuple[Tensor, Tensor]:
     """``sphere.sphere_step`` as one autograd node: (h_new in h's dtype, beta^2 (..., 1)).
 
-    For p = 1 on CPU this is the compiled kernel (``sphere_native``) when it is built (or
-    forced on), else the eager Function; the two agree to rounding. alpha is a Python number
+    On CPU this is the compiled kernel (``sphere_native``) when it is built (or forced on),
+    else the eager Function; the two agree to rounding. alpha is a Python number
     or a one-element tensor (a learnable step size); any other shape falls back to the
     reference, whose autograd handles broadcasting.
     """
@@ -229,11 +229,9 @@ def sphere_step_fused(h: Tensor, u: Tensor, alpha: Tensor | float,
     a = _scalar_alpha(h, alpha)
     if a is None:
         return sphere_step(h, u, alpha, p)
-    if p == 1:
-        if sphere_native.active() and sphere_native.usable(h, u):
-            return sphere_native.sphere_step_p1_native(h, u, a)
-        return _SphereStepP1.apply(h, u, a)
-    return _SphereStep.apply(h, u, a, float(p))
+    if sphere_native.active() and sphere_native.usable(h, u):
+        return sphere_native.sphere_step_native(h, u, a, float(p))
+    return _SphereStepP1.apply(h, u, a) if p == 1 else _SphereStep.apply(h, u, a, float(p))
 
 
 def sphere_step_eager(h: Tensor, u: Tensor, alpha: Tensor | float,

@@ -1,10 +1,11 @@
-"""The p = 1 SpheretNorm step as a compiled CPU kernel (``sphere_p1.cpp``), the default once built.
+"""The SpheretNorm step as a compiled CPU kernel (``sphere_step.cpp``), the default once built.
 
 At small widths the eager step is all per-op overhead: ~40 element-wise ops and reductions
 per sublayer (forward and backward), each a few microseconds on a (256, 64) tensor, where a
-LayerNorm is one fused kernel each way (issue 16 §4). ``sphere_p1.cpp`` computes the same
-formulas as ``sphere_fused._SphereStepP1`` (docs/science.md §2.3-2.4) in one kernel each way
-(a row stays in cache while it is read), one C++ autograd node. torch.compile is no substitute
+LayerNorm is one fused kernel each way (issue 16 §4). ``sphere_step.cpp`` computes the same
+formulas as ``sphere_fused._SphereStep`` (docs/science.md §2.3-2.4), for every p (everything p
+changes is a per-row scalar), in one kernel each way (a row stays in cache while it is read),
+one C++ autograd node. torch.compile is no substitute
 on CPU: a compiled call cost ~50 us even for ``x + 1`` (torch 2.13), and the compiled step was
 no faster than the eager one.
 
@@ -35,11 +36,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["enable", "load", "active", "build_seconds", "usable", "sphere_step_p1_native",
+__all__ = ["enable", "load", "active", "build_seconds", "usable", "sphere_step_native",
            "build_dir", "is_built", "mode"]
 
-_SRC = Path(__file__).with_name("sphere_p1.cpp")
-_NAME = "geosweep_sphere_p1"
+_SRC = Path(__file__).with_name("sphere_step.cpp")
+_NAME = "geosweep_sphere_step"
 _CFLAGS = ["-O3"]
 _ENV = "GEOSWEEP_SPHERE_NATIVE"
 _MODES = {"": "auto", "0": "off", "1": "on"}
@@ -105,7 +106,7 @@ def is_built() -> bool:
 
 def _load_built():
     torch.ops.load_library(str(_library(build_dir())))
-    return torch.ops.geosweep_sphere.p1_step.default  # the overload: less to resolve per call
+    return torch.ops.geosweep_sphere.step.default  # the overload: less to resolve per call
 
 
 def _ninja_on_path() -> None:
@@ -130,7 +131,7 @@ def _build():
     tmp = d / f"READY.{os.getpid()}"
     tmp.write_text(_key() + "\n")
     os.replace(tmp, d / "READY")  # written last and atomically: auto mode never sees half a build
-    return torch.ops.geosweep_sphere.p1_step.default
+    return torch.ops.geosweep_sphere.step.default
 
 
 def _try(loader, what: str) -> bool:
@@ -138,7 +139,7 @@ def _try(loader, what: str) -> bool:
         _state["ops"] = loader()
     except Exception as e:  # no compiler, no headers, a broken file: the eager step is exact
         _state["failed"] = True
-        warnings.warn(f"SpheretNorm native p=1 kernel {what} failed, using the eager step: "
+        warnings.warn(f"SpheretNorm native kernel {what} failed, using the eager step: "
                       f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
         return False
     return True
@@ -191,15 +192,15 @@ def usable(h: Tensor, u: Tensor) -> bool:
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-def sphere_step_p1_native(h: Tensor, u: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
-    """(h_new in h's dtype, beta^2 (..., 1)) for p = 1; a is a 0-d tensor.
+def sphere_step_native(h: Tensor, u: Tensor, a: Tensor, p: float) -> tuple[Tensor, Tensor]:
+    """(h_new in h's dtype, beta^2 (..., 1)); a is a 0-d tensor, p > 0 or inf.
 
     Call only when ``load()`` (or ``active()``) and ``usable(h, u)``. One autograd node, in C++
-    (``sphere_p1.cpp``); bf16/fp16 inputs are raised to fp32 around it, as in the eager step.
+    (``sphere_step.cpp``); bf16/fp16 inputs are raised to fp32 around it, as in the eager step.
     """
     if h.dtype in (torch.float32, torch.float64):
-        return _state["ops"](h, u, a if a.dtype == h.dtype else a.to(h.dtype))
-    out, b = _state["ops"](h.float(), u.float(), a.float())
+        return _state["ops"](h, u, a if a.dtype == h.dtype else a.to(h.dtype), p)
+    out, b = _state["ops"](h.float(), u.float(), a.float(), p)
     return out.to(h.dtype), b
 
 
@@ -221,13 +222,13 @@ def _main(argv: list[str] | None = None) -> int:
         if not ok:  # one line on stdout; the compiler's own output went to stderr
             why = str(caught[-1].message).split(": ", 1)[-1] if caught else "unknown error"
             why = why.splitlines()[0] if why else why
-            print(f"[geosweep] SpheretNorm p=1 kernel not built ({why[:160]}); SpheretNorm "
-                  f"p=1 will use the eager step (same values, slower)")
+            print(f"[geosweep] SpheretNorm kernel not built ({why[:160]}); SpheretNorm "
+                  f"will use the eager step (same values, slower)")
             return 1
         how = "already built" if was else f"built in {build_seconds():.1f} s"
-        print(f"[geosweep] SpheretNorm p=1 kernel {how}: {where}")
+        print(f"[geosweep] SpheretNorm kernel {how}: {where}")
         return 0
-    print(f"[geosweep] SpheretNorm p=1 kernel {'built' if is_built() else 'not built'}: {where}; "
+    print(f"[geosweep] SpheretNorm kernel {'built' if is_built() else 'not built'}: {where}; "
           f"{_ENV} mode {mode()}")
     return 0
 
