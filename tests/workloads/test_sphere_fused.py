@@ -2,7 +2,7 @@
 ``sphere.sphere_step`` and its autograd, in fp64 (gradcheck) and under bf16 autocast.
 
 The eager Function is tested through ``sphere_step_eager``, so these tests do not depend on
-whether the compiled p = 1 kernel is built on this machine (test_sphere_native.py tests it)."""
+whether the compiled kernel is built on this machine (test_sphere_native.py tests it)."""
 
 import math
 
