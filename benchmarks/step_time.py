@@ -6,14 +6,14 @@ the clock is this process's CPU time by default, so other programs on a shared m
 count; one torch thread by default):
 - geosweep Pre-LN vs a plain self-contained nanoGPT reference of the same shape (below),
 - every residual family vs Pre-LN,
-- spheret p=1 with the default step (``spheret_p1``: the compiled CPU kernel of
-  ``sphere_native`` when it is built, else the eager fused Function; which one is reported as
-  ``default_is_native``, decided before this script builds anything) vs the eager fused Function
-  (``spheret_p1_eager``; ``spheret_p2_eager`` and ``geonorm_eager`` likewise for p = 2 and
-  p = inf, whose default arms take the kernel too), the autograd reference
-  (``spheret_p1_ref``: ``sphere.sphere_step``, ~20 autograd nodes per sublayer) and the kernel
-  itself (``spheret_p1_native``; built here if need be, its build or load time reported as
-  ``native_build_s``; left out if that fails),
+- spheret p=1 with the default step (``spheret_p1``: the compiled CPU kernels of
+  ``sphere_native``, step and ScaleNorm entry, when they are built, else the eager forms; which
+  one is reported as ``default_is_native``, decided before this script builds anything) vs the
+  eager fused Function and eager entry (``spheret_p1_eager``; ``spheret_p2_eager`` and
+  ``geonorm_eager`` likewise for p = 2 and p = inf, whose default arms take the kernel too),
+  the autograd reference (``spheret_p1_ref``: ``sphere.sphere_step``, ~20 autograd nodes per
+  sublayer) and the kernels themselves (``spheret_p1_native``; built here if need be, the build
+  or load time reported as ``native_build_s``; left out if that fails),
 - achieved FLOP/s (6 N tokens + attention) vs a large ``torch.mm`` on the same machine.
 With ``--compile`` every variant is ``torch.compile``d and its compile time (first step minus
 a median step) is reported too.
@@ -119,6 +119,13 @@ def _native_step(h, u, alpha, p):
     return sphere_step_fused(h, u, alpha, p)
 
 
+def _native_entry(x, g, eps):
+    # The ScaleNorm kernel whether or not it is the default here.
+    if x.dtype in (torch.float32, torch.float64) and g.dtype == x.dtype:
+        return sphere_native._state["sn"](x, g, eps)
+    return sphere_native.scale_norm_eager(x, g, eps)
+
+
 def _stepper(model: nn.Module, x, y):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
@@ -170,13 +177,15 @@ def _variants(s: dict, only: str) -> dict[str, nn.Module]:
         model = build_model(cfg, vocab_size=V)
         if label.endswith("_ref"):
             model.stream.step_fn = sphere_step  # the autograd reference retraction
-        if label.endswith("_eager"):
-            model.stream.step_fn = sphere_step_eager  # never the kernel
+        if label.endswith("_eager"):  # never the kernel: the step and the ScaleNorm entry
+            model.stream.step_fn = sphere_step_eager
+            model.stream.entry_fn = sphere_native.scale_norm_eager
         if label.endswith("_native"):
             if not sphere_native.load():  # builds the kernel on first use (cached per machine)
                 print("spheret_p1_native: kernel unavailable, arm left out")
                 continue
             model.stream.step_fn = _native_step
+            model.stream.entry_fn = _native_entry
         variants[label] = model
     if keep is not None:
         variants = {k: v for k, v in variants.items() if k in keep}

@@ -299,3 +299,74 @@ def test_build_command_without_a_compiler_exits_1_with_one_line(tmp_path):
                        text=True, timeout=240)
     assert r.returncode == 1, r.stdout + r.stderr
     assert len(r.stdout.splitlines()) == 1 and "eager step" in r.stdout, r.stdout + r.stderr
+
+
+def _scale_norm_ref(x, g, eps):
+    return x * (g / (x.norm(dim=-1, keepdim=True) + eps))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 13), (5, 64), (7, 3)])
+@pytest.mark.parametrize("g_grad", [True, False])  # radius learnable, or a fixed buffer
+def test_scale_norm_matches_the_eager_form_fp64(enabled, shape, g_grad):
+    """SpheretNorm's entry: values and gradients, a zero row included (d||x||/dx = 0 there)."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    x[(0,) * (len(shape) - 1)] = 0.0
+    x.requires_grad_(True)
+    g = torch.tensor(3.0, dtype=torch.float64, requires_grad=g_grad)
+    w = torch.randn(shape, generator=gen, dtype=torch.float64)
+    ref = _scale_norm_ref(x, g, 1e-6)
+    got = sphere_native.scale_norm(x, g, 1e-6)
+    assert "NativeScaleNorm" in got.grad_fn.name()
+    inputs = (x, g) if g_grad else (x,)
+    for a, b in zip(torch.autograd.grad((got * w).sum(), inputs),
+                    torch.autograd.grad((ref * w).sum(), inputs)):
+        assert _rel(a, b) < 1e-12
+    assert _rel(got, ref) < 1e-12
+
+
+def test_scale_norm_gradcheck_and_fallbacks(enabled, monkeypatch):
+    x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    g = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *t: sphere_native.scale_norm(*t, 1e-6), (x, g))
+    xb = x.detach().bfloat16()  # not a kernel dtype: the eager form
+    assert sphere_native.scale_norm(xb, g.bfloat16(), 1e-6).dtype == torch.bfloat16
+    out = sphere_native.scale_norm(x.float(), g, 1e-6)  # mixed dtypes: eager (type promotion)
+    assert out.grad_fn is not None and "NativeScaleNorm" not in out.grad_fn.name()
+    monkeypatch.setitem(sphere_native._state, "mode", "off")
+    out = sphere_native.scale_norm(x, g, 1e-6)
+    assert "NativeScaleNorm" not in out.grad_fn.name()
+    assert torch.equal(out, _scale_norm_ref(x, g, 1e-6))
+
+
+def test_scale_norm_same_bits_for_any_thread_count(native):
+    x = torch.randn(4096, 64, requires_grad=True)
+    g = torch.tensor(8.0, requires_grad=True)
+    before = torch.get_num_threads()
+    try:
+        res = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out = sphere_native._state["sn"](x, g, 1e-6)
+            res.append((out,) + torch.autograd.grad((out * out).sum(), (x, g)))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    """A killed build leaves torch's lock file, on which every later build would wait forever."""
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    sphere_native._drop_stale_lock(lock)
+    assert lock.exists()  # a build may be running
+    old = time.time() - 2 * sphere_native._STALE_LOCK_S
+    os.utime(lock, (old, old))
+    with pytest.warns(RuntimeWarning, match="stale build lock"):
+        sphere_native._drop_stale_lock(lock)
+    assert not lock.exists()
+    sphere_native._drop_stale_lock(lock)  # none: nothing to do

@@ -5,9 +5,9 @@ per sublayer (forward and backward), each a few microseconds on a (256, 64) tens
 LayerNorm is one fused kernel each way (issue 16 §4). ``sphere_step.cpp`` computes the same
 formulas as ``sphere_fused._SphereStep`` (docs/science.md §2.3-2.4), for every p (everything p
 changes is a per-row scalar), in one kernel each way (a row stays in cache while it is read),
-one C++ autograd node. torch.compile is no substitute
-on CPU: a compiled call cost ~50 us even for ``x + 1`` (torch 2.13), and the compiled step was
-no faster than the eager one.
+one C++ autograd node; ``scale_norm.h`` does the same for SpheretNorm's ScaleNorm entry.
+torch.compile is no substitute on CPU: a compiled call cost ~50 us even for ``x + 1`` (torch
+2.13), and the compiled step was no faster than the eager one.
 
 Building needs a C++ compiler and ~30-60 s, so it never happens by surprise during training:
 ``python -m workloads.geometry.sphere_native --build`` (run by ``.ci/install``) builds it into
@@ -37,16 +37,18 @@ import torch
 from torch import Tensor
 
 __all__ = ["enable", "load", "active", "build_seconds", "usable", "sphere_step_native",
-           "build_dir", "is_built", "mode"]
+           "scale_norm", "scale_norm_eager", "build_dir", "is_built", "mode"]
 
-_SRC = Path(__file__).with_name("sphere_step.cpp")
+# The first is compiled (it includes the others); all of them make the build's key.
+_SRCS = [Path(__file__).with_name(f) for f in ("sphere_step.cpp", "scale_norm.h")]
 _NAME = "geosweep_sphere_step"
 _CFLAGS = ["-O3"]
 _ENV = "GEOSWEEP_SPHERE_NATIVE"
 _MODES = {"": "auto", "0": "off", "1": "on"}
 # checked: auto mode looked for a finished build (once per process, so that one process never
 # switches paths half-way through a run when another one finishes a build).
-_state: dict = {"mode": "auto", "ops": None, "failed": False, "build_s": None, "checked": False}
+_state: dict = {"mode": "auto", "ops": None, "sn": None, "failed": False, "build_s": None,
+                "checked": False}
 
 
 def _from_env() -> str:
@@ -75,7 +77,7 @@ def enable(on: bool = True) -> bool:
 def _key() -> str:
     # Everything the binary depends on: a different checkout with the same source shares the
     # build; a torch or Python upgrade, or an edited source, gets a folder of its own.
-    h = hashlib.sha256(_SRC.read_bytes())
+    h = hashlib.sha256(b"".join(f.read_bytes() for f in _SRCS))
     for part in (torch.__version__, str(torch.version.cuda), sys.version.split()[0],
                  sys.platform, " ".join(_CFLAGS)):
         h.update(b"\0" + part.encode())
@@ -104,9 +106,30 @@ def is_built() -> bool:
     return (d / "READY").is_file() and _library(d).is_file()
 
 
+def _bind():
+    # The overloads, not the packets: less to resolve per call.
+    ops = torch.ops.geosweep_sphere
+    _state["sn"] = ops.scale_norm.default
+    return ops.step.default
+
+
 def _load_built():
     torch.ops.load_library(str(_library(build_dir())))
-    return torch.ops.geosweep_sphere.step.default  # the overload: less to resolve per call
+    return _bind()
+
+
+_STALE_LOCK_S = 900  # a build takes ~30-60 s; a lock this old was left by a killed build
+
+
+def _drop_stale_lock(lock: Path) -> None:
+    # torch waits, without a timeout, for the lock file of a build in progress to go; a build
+    # that was killed leaves it behind, and every later build would wait forever.
+    try:
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink()
+            warnings.warn(f"removed a stale build lock {lock}", RuntimeWarning, stacklevel=3)
+    except FileNotFoundError:
+        pass
 
 
 def _ninja_on_path() -> None:
@@ -122,16 +145,17 @@ def _build():
 
     d = build_dir()
     d.mkdir(parents=True, exist_ok=True)
+    _drop_stale_lock(d / "lock")
     _ninja_on_path()
     t = time.perf_counter()
     # torch holds a lock file in d while it builds: a second process waits, then loads.
-    cpp_extension.load(name=_NAME, sources=[str(_SRC)], extra_cflags=_CFLAGS,
+    cpp_extension.load(name=_NAME, sources=[str(_SRCS[0])], extra_cflags=_CFLAGS,
                        build_directory=str(d), is_python_module=False, verbose=False)
     _state["build_s"] = time.perf_counter() - t
     tmp = d / f"READY.{os.getpid()}"
     tmp.write_text(_key() + "\n")
     os.replace(tmp, d / "READY")  # written last and atomically: auto mode never sees half a build
-    return torch.ops.geosweep_sphere.step.default
+    return _bind()
 
 
 def _try(loader, what: str) -> bool:
@@ -202,6 +226,26 @@ def sphere_step_native(h: Tensor, u: Tensor, a: Tensor, p: float) -> tuple[Tenso
         return _state["ops"](h, u, a if a.dtype == h.dtype else a.to(h.dtype), p)
     out, b = _state["ops"](h.float(), u.float(), a.float(), p)
     return out.to(h.dtype), b
+
+
+_SN_DTYPES = (torch.float32, torch.float64)
+
+
+def scale_norm(x: Tensor, g: Tensor, eps: float) -> Tensor:
+    """ScaleNorm g x / (||x|| + eps) over the last dim (g: one element): SpheretNorm's entry.
+
+    The kernel (``scale_norm.cpp``, one node) when the step's kernel is active and x is a CPU
+    fp32/fp64 tensor of g's dtype, else these same four eager ops (and under torch.compile,
+    which traces them)."""
+    if (not torch.compiler.is_compiling() and x.is_cpu and x.dtype in _SN_DTYPES
+            and g.dtype == x.dtype and g.is_cpu and g.numel() == 1 and active()):
+        return _state["sn"](x, g, eps)
+    return scale_norm_eager(x, g, eps)
+
+
+def scale_norm_eager(x: Tensor, g: Tensor, eps: float) -> Tensor:
+    """``scale_norm`` as four eager ops, never the kernel (fallback, tests, A/B timing)."""
+    return x * (g / (x.norm(dim=-1, keepdim=True) + eps))
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,8 @@
 #include <cmath>
 #include <tuple>
 
+#include "scale_norm.h"
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -280,10 +282,12 @@ std::tuple<at::Tensor, at::Tensor> step(const at::Tensor& h, const at::Tensor& u
 
 TORCH_LIBRARY(geosweep_sphere, m) {
   m.def("step(Tensor h, Tensor u, Tensor a, float p) -> (Tensor, Tensor)");
+  m.def("scale_norm(Tensor x, Tensor g, float eps) -> Tensor");
 }
 
-// CompositeImplicitAutograd: NativeSphereStep is the autograd node itself, under no_grad and
-// inference_mode too.
+// CompositeImplicitAutograd: NativeSphereStep (NativeScaleNorm) is the autograd node itself,
+// under no_grad and inference_mode too.
 TORCH_LIBRARY_IMPL(geosweep_sphere, CompositeImplicitAutograd, m) {
   m.impl("step", &step);
+  m.impl("scale_norm", &geosweep_sn::scale_norm);
 }
