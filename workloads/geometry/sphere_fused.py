@@ -229,7 +229,7 @@ def sphere_step_fused(h: Tensor, u: Tensor, alpha: Tensor | float,
     a = _scalar_alpha(h, alpha)
     if a is None:
         return sphere_step(h, u, alpha, p)
-    if sphere_native.active() and sphere_native.usable(h, u):
+    if sphere_native.usable(h, u) and sphere_native.active():  # CPU only: no load on GPU
         return sphere_native.sphere_step_native(h, u, a, float(p))
     return _SphereStepP1.apply(h, u, a) if p == 1 else _SphereStep.apply(h, u, a, float(p))
 
