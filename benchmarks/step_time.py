@@ -6,10 +6,14 @@ the clock is this process's CPU time by default, so other programs on a shared m
 count; one torch thread by default):
 - geosweep Pre-LN vs a plain self-contained nanoGPT reference of the same shape (below),
 - every residual family vs Pre-LN,
-- spheret p=1 with the fused retraction (the default) vs the autograd reference
-  (``spheret_p1_ref``: ``sphere.sphere_step``, ~20 autograd nodes per sublayer) and vs the
-  opt-in compiled CPU kernel (``spheret_p1_native``: ``sphere_native``, GEOSWEEP_SPHERE_NATIVE=1;
-  its build or load time is reported as ``native_build_s``; the arm is left out if it fails),
+- spheret p=1 with the default step (``spheret_p1``: the compiled CPU kernels of
+  ``sphere_native``, step and ScaleNorm entry, when they are built, else the eager forms; which
+  one is reported as ``default_is_native``, decided before this script builds anything) vs the
+  eager fused Function and eager entry (``spheret_p1_eager``; ``spheret_p2_eager`` and
+  ``geonorm_eager`` likewise for p = 2 and p = inf, whose default arms take the kernel too),
+  the autograd reference (``spheret_p1_ref``: ``sphere.sphere_step``, ~20 autograd nodes per
+  sublayer) and the kernels themselves (``spheret_p1_native``; built here if need be, the build
+  or load time reported as ``native_build_s``; left out if that fails),
 - achieved FLOP/s (6 N tokens + attention) vs a large ``torch.mm`` on the same machine.
 With ``--compile`` every variant is ``torch.compile``d and its compile time (first step minus
 a median step) is reported too.
@@ -17,8 +21,8 @@ a median step) is reported too.
 Targets (issues 2, 16): Pre-LN <= 1.05x the reference; spheret p=1 <= 1.10x Pre-LN, eager, at
 4x128 and at gpt-debug. Prints a table per shape; the very last line is one JSON object: the
 first shape's figures under plain keys (as before), every shape's under "shapes", and
-"spheret_p1_vs_preln@<shape>" (the default step; the kernel's when GEOSWEEP_SPHERE_NATIVE=1)
-and "spheret_p1_native_vs_preln@<shape>" for each shape.
+"spheret_p1_vs_preln@<shape>" (the default step), "spheret_p1_eager_vs_preln@<shape>" and
+"spheret_p1_native_vs_preln@<shape>" for each shape.
 
     python benchmarks/step_time.py [--shapes 4x128,gpt-debug --rounds 7 --threads 1]
     python benchmarks/step_time.py --shapes 4x128 --layers 4 --width 128 --block 64 --batch 8
@@ -39,7 +43,7 @@ import torch.nn.functional as F
 from workloads.config import PRESETS, GPTConfig
 from workloads.geometry import sphere_native
 from workloads.geometry.sphere import sphere_step
-from workloads.geometry.sphere_fused import sphere_step_fused
+from workloads.geometry.sphere_fused import sphere_step_eager, sphere_step_fused
 from workloads.models import build_model
 
 # --- [reference] a plain nanoGPT, written here so it shares no code with geosweep ----------
@@ -101,16 +105,25 @@ class ReferenceGPT(nn.Module):
 FAMILIES = [("pre_ln", {}), ("post_ln", {}), ("peri_ln", {}), ("pre_dyt", {}), ("keel", {}),
             ("geonorm", {}), ("spheret_p1", {"p": 1.0}), ("spheret_p2", {"p": 2.0}),
             ("spheret_p0.5", {"p": 0.5}), ("spheret_p1_ref", {"p": 1.0}),
-            ("spheret_p1_native", {"p": 1.0})]
-RATIO_KEYS = ["spheret_p1", "spheret_p1_ref", "spheret_p1_native", "spheret_p2", "spheret_p0.5",
-              "geonorm", "post_ln", "peri_ln", "pre_dyt", "keel"]
+            ("spheret_p1_eager", {"p": 1.0}), ("spheret_p1_native", {"p": 1.0}),
+            ("spheret_p2_eager", {"p": 2.0}), ("geonorm_eager", {})]
+RATIO_KEYS = ["spheret_p1", "spheret_p1_eager", "spheret_p1_ref", "spheret_p1_native",
+              "spheret_p2", "spheret_p2_eager", "spheret_p0.5", "geonorm", "geonorm_eager",
+              "post_ln", "peri_ln", "pre_dyt", "keel"]
 
 
 def _native_step(h, u, alpha, p):
-    # The compiled p=1 kernel for this model only (the default arm stays eager).
-    if p == 1 and sphere_native.usable(h, u):
-        return sphere_native.sphere_step_p1_native(h, u, alpha)  # alpha: 0-d a_k
+    # The compiled kernel whether or not it is the default here.
+    if sphere_native.usable(h, u):
+        return sphere_native.sphere_step_native(h, u, alpha, p)  # alpha: 0-d a_k
     return sphere_step_fused(h, u, alpha, p)
+
+
+def _native_entry(x, g, eps):
+    # The ScaleNorm kernel whether or not it is the default here.
+    if x.dtype in (torch.float32, torch.float64) and g.dtype == x.dtype:
+        return sphere_native._state["sn"](x, g, eps)
+    return sphere_native.scale_norm_eager(x, g, eps)
 
 
 def _stepper(model: nn.Module, x, y):
@@ -157,17 +170,22 @@ def _variants(s: dict, only: str) -> dict[str, nn.Module]:
     for label, extra in FAMILIES:
         if label.endswith("_native") and keep is not None and label not in keep:
             continue  # not asked for: do not build the kernel
-        fam = "spheret" if label.startswith("spheret") else label
+        base = label.removesuffix("_eager")
+        fam = "spheret" if base.startswith("spheret") else base
         cfg = GPTConfig(n_layer=L, n_head=nh, n_embd=d, block_size=T, vocab_size=V,
                         residual={"family": fam, **extra})
         model = build_model(cfg, vocab_size=V)
         if label.endswith("_ref"):
             model.stream.step_fn = sphere_step  # the autograd reference retraction
+        if label.endswith("_eager"):  # never the kernel: the step and the ScaleNorm entry
+            model.stream.step_fn = sphere_step_eager
+            model.stream.entry_fn = sphere_native.scale_norm_eager
         if label.endswith("_native"):
             if not sphere_native.load():  # builds the kernel on first use (cached per machine)
                 print("spheret_p1_native: kernel unavailable, arm left out")
                 continue
             model.stream.step_fn = _native_step
+            model.stream.entry_fn = _native_entry
         variants[label] = model
     if keep is not None:
         variants = {k: v for k, v in variants.items() if k in keep}
@@ -259,6 +277,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [f"{args.layers}x{args.width}"] if args.layers else args.shapes.split(",")
+    # Before the native arm can build the kernel: what a training run here would get.
+    default_native = sphere_native.active()
+    print(f"default spheret p=1 step: {'the compiled kernel' if default_native else 'eager'} "
+          f"(GEOSWEEP_SPHERE_NATIVE mode {sphere_native.mode()})")
     shapes = {n: measure(n, _shape(n, args), args) for n in names}
 
     mm = _mm_flops(time.process_time if args.clock == "process" else time.perf_counter)
@@ -270,8 +292,10 @@ def main() -> None:
     out.update({k: v for k, v in first.items() if k != "achieved_flops"})
     out["mfu_vs_mm"] = first["achieved_flops"] / mm
     out["native_build_s"] = sphere_native.build_seconds() or math.nan
+    out["default_is_native"] = float(default_native)
     for n, f in shapes.items():
         out[f"spheret_p1_vs_preln@{n}"] = f["spheret_p1_vs_preln"]
+        out[f"spheret_p1_eager_vs_preln@{n}"] = f["spheret_p1_eager_vs_preln"]
         out[f"spheret_p1_native_vs_preln@{n}"] = f["spheret_p1_native_vs_preln"]
     out["shapes"] = {n: {k: v for k, v in f.items() if k != "achieved_flops"}
                      for n, f in shapes.items()}

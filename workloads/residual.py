@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from workloads.config import ConfigError
 from workloads.geometry.sphere import sphere_step, theta
 from workloads.geometry.sphere_fused import sphere_step_fused
+from workloads.geometry.sphere_native import scale_norm
 from workloads.residual_params import (  # noqa: F401  (re-exported: the families' parameters)
     FAMILY_PARAMS,
     GeoNormParams,
@@ -220,6 +221,9 @@ class SpheretNorm(ResidualStream):
     # One autograd node with a closed-form backward; sphere.sphere_step is the reference
     # (same values and gradients, ~20 nodes), kept for tests and A/B timing.
     step_fn: ClassVar[Callable[..., tuple[Tensor, Tensor]]] = staticmethod(sphere_step_fused)
+    # ScaleNorm at the entry: one node on the compiled kernel when it is active (A/B: swap in
+    # sphere_native.scale_norm_eager).
+    entry_fn: ClassVar[Callable[[Tensor, Tensor, float], Tensor]] = staticmethod(scale_norm)
 
     def __init__(self, params, d, n_layer, norm, bias):
         super().__init__(params, d, n_layer, norm, bias)
@@ -257,8 +261,9 @@ class SpheretNorm(ResidualStream):
         # softplus cost three autograd nodes, as much as a LayerNorm at small widths (issue 16
         # §4). Not under torch.compile, which fuses the per-sublayer form itself.
         self._a = None if torch.compiler.is_compiling() else self.step_sizes().unbind()
-        # One full-width op: the scale is formed per token first.
-        return x0 * (self.g / (x0.norm(dim=-1, keepdim=True) + self.eps))
+        # One node with the kernel (sphere_native), else one full-width op: the scale is
+        # formed per token first.
+        return self.entry_fn(x0, self.g, self.eps)
 
     def exit(self, h):
         self._a = None  # the next forward's sublayers must not see this forward's graph

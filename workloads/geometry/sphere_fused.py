@@ -41,7 +41,7 @@ from workloads.geometry.sphere import (
     sphere_step,
 )
 
-__all__ = ["coefficient_derivatives", "sphere_step_fused"]
+__all__ = ["coefficient_derivatives", "sphere_step_fused", "sphere_step_eager"]
 
 
 def _dot(x: Tensor, y: Tensor) -> Tensor:
@@ -207,21 +207,38 @@ class _SphereStepP1(torch.autograd.Function):
         return grad_h, grad_u, grad_a
 
 
+def _scalar_alpha(h: Tensor, alpha: Tensor | float) -> Tensor | None:
+    """alpha as a 0-d tensor, or None when it has several elements (the reference's case)."""
+    if not isinstance(alpha, Tensor):
+        return torch.tensor(float(alpha), device=h.device)
+    if alpha.numel() != 1:
+        return None
+    return alpha if alpha.dim() == 0 else alpha.reshape(())  # a reshape is one more graph node
+
+
 def sphere_step_fused(h: Tensor, u: Tensor, alpha: Tensor | float,
                       p: float) -> tuple[Tensor, Tensor]:
     """``sphere.sphere_step`` as one autograd node: (h_new in h's dtype, beta^2 (..., 1)).
 
-    alpha is a Python number or a one-element tensor (a learnable step size); any other shape
-    falls back to the reference, whose autograd handles broadcasting.
+    On CPU this is the compiled kernel (``sphere_native``) when it is built (or forced on),
+    else the eager Function; the two agree to rounding. alpha is a Python number
+    or a one-element tensor (a learnable step size); any other shape falls back to the
+    reference, whose autograd handles broadcasting.
     """
     _check_p(p)
-    if not isinstance(alpha, Tensor):
-        alpha = torch.tensor(float(alpha), device=h.device)
-    elif alpha.numel() != 1:
+    a = _scalar_alpha(h, alpha)
+    if a is None:
         return sphere_step(h, u, alpha, p)
-    a = alpha if alpha.dim() == 0 else alpha.reshape(())  # a reshape is one more graph node
-    if p == 1:
-        if sphere_native.active() and sphere_native.usable(h, u):  # opt-in compiled kernel
-            return sphere_native.sphere_step_p1_native(h, u, a)
-        return _SphereStepP1.apply(h, u, a)
-    return _SphereStep.apply(h, u, a, float(p))
+    if sphere_native.usable(h, u) and sphere_native.active():  # CPU only: no load on GPU
+        return sphere_native.sphere_step_native(h, u, a, float(p))
+    return _SphereStepP1.apply(h, u, a) if p == 1 else _SphereStep.apply(h, u, a, float(p))
+
+
+def sphere_step_eager(h: Tensor, u: Tensor, alpha: Tensor | float,
+                      p: float) -> tuple[Tensor, Tensor]:
+    """``sphere_step_fused`` that never takes the compiled kernel (tests, A/B timing)."""
+    _check_p(p)
+    a = _scalar_alpha(h, alpha)
+    if a is None:
+        return sphere_step(h, u, alpha, p)
+    return _SphereStepP1.apply(h, u, a) if p == 1 else _SphereStep.apply(h, u, a, float(p))
