@@ -48,8 +48,10 @@ def _absolute(root: Path, value: str | None, sqlite: bool, default: str) -> str:
     if rest.startswith("./"):
         return prefix + str(root / rest[2:])
     path = Path(rest)
-    # an old absolute manifest: <old folder>/<default> -> this folder's own, if it has one
-    if path.name == default and not path.exists() and (root / default).exists():
+    # an old absolute manifest: <old folder>/<default> -> this folder's own, if it has one,
+    # even while the old folder still exists: a copy (rsync-down) must read and write itself,
+    # never the folder it was copied from
+    if path.name == default and (root / default).exists():
         return prefix + str(root / default)
     return value
 
