@@ -18,6 +18,14 @@ def cmd_continuity(args: argparse.Namespace) -> int:
     from orchestrator.cli.heartbeat import Heartbeat
     from workloads.pretrained import CheckpointError
 
+    # where it writes, before the checkpoint is read: a dead MLflow server would otherwise
+    # be retried for minutes after the analysis, an unknown scheme end in a traceback
+    from orchestrator.cli.checks import check_mlflow_uri
+    from orchestrator.cli.preflight import check_mlflow_store, check_writable_dir
+
+    check_writable_dir(args.out, "--out")
+    check_mlflow_store(args.mlflow_uri)
+    check_mlflow_uri(args.mlflow_uri)
     hb = Heartbeat("continuity", phase=f"loading {args.checkpoint} and measuring its layers")
     hb.say(f"[continuity] {args.checkpoint}: loading the checkpoint (streamed), then the "
            f"metrics of every layer; results in {args.out}")

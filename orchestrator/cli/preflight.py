@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 from orchestrator.cli.errors import UsageError
 
-__all__ = ["check_tracking", "check_writable_dir", "MLFLOW_SCHEMES", "PARQUET_SCHEMES"]
+__all__ = ["check_tracking", "check_writable_dir", "check_mlflow_store", "MLFLOW_SCHEMES", "PARQUET_SCHEMES"]
 
 # MLflow stores we can name; the database ones are checked by MLflow when the sweep starts
 MLFLOW_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql",
@@ -39,7 +39,12 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
         raise UsageError(f"{what}: {path} is not writable ({e.strerror})") from None
 
 
-def _check_mlflow(uri: str | None, root: Path) -> None:
+def check_mlflow_store(uri: str | None) -> None:
+    """An MLflow URI's scheme is one we know, and a local store can be written."""
+    _check_mlflow(uri)
+
+
+def _check_mlflow(uri: str | None, root: Path | None = None) -> None:
     if not uri:
         return
     scheme = urlparse(uri).scheme
