@@ -26,6 +26,9 @@ def cmd_continuity(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, "--out")
     check_mlflow_store(args.mlflow_uri)
     check_mlflow_uri(args.mlflow_uri)
+    from orchestrator.cli.failures import CURRENT
+
+    CURRENT["writing"] = args.out
     hb = Heartbeat("continuity", phase=f"loading {args.checkpoint} and measuring its layers")
     hb.say(f"[continuity] {args.checkpoint}: loading the checkpoint (streamed), then the "
            f"metrics of every layer; results in {args.out}")

@@ -16,7 +16,10 @@ DEFAULT_MAX_BATCHES = 50  # as orchestrator.evaluation.sweep_eval (not imported:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from orchestrator.cli.failures import CURRENT
     from orchestrator.evaluation.sweep_eval import run_eval
+
+    CURRENT["writing"] = args.dir
 
     try:
         run_eval(args.dir, trials=args.trial, corpora=args.corpus, max_batches=args.max_batches,

@@ -9,6 +9,7 @@ was the default inside the folder's former location is mapped to the folder's ow
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ __all__ = ["ManifestError", "write_manifest", "read_manifest", "MANIFEST"]
 
 MANIFEST = "sweep.json"
 _SQLITE = "sqlite:///"
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")  # as the Parquet sink's partition values
 
 
 class ManifestError(ValueError):
@@ -81,6 +83,10 @@ def read_manifest(root: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
         raise ManifestError(f"{mf} is not a geosweep manifest (a JSON object with a 'name'); "
                             "restore it from a copy of the sweep")
+    if not _NAME.match(data["name"]) or set(data["name"]) == {"."}:
+        # the name becomes a Parquet partition and part of paths (eval/sweep=NAME/)
+        raise ManifestError(f"{mf}: name {data['name'][:80]!r} is not a sweep name (letters, "
+                            "digits, '_', '-', '.'); restore it from a copy of the sweep")
     trials = data.get("trials", 0)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
         raise ManifestError(f"{mf}: 'trials' must be a count, got {trials!r}")
