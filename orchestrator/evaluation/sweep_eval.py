@@ -144,6 +144,12 @@ def _inputs(sweep_dir: str | Path, trials: list[str] | None, corpora: list[str] 
 
     root = Path(sweep_dir).expanduser().resolve()
     manifest, name, proot = _sweep(root)
+    from orchestrator.store.manifest import ManifestError, check_writes_inside
+
+    try:
+        check_writes_inside(root, proot, " (or name that place as parquet_root in sweep.json)")
+    except ManifestError as e:
+        raise EvalInputError(str(e)) from None
     table = read_trials(proot, sweep=name)
     if table.empty:
         raise EvalInputError(f"{root}: no trial records for sweep {name!r} in {proot}")

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ManifestError", "write_manifest", "read_manifest", "MANIFEST"]
+__all__ = ["ManifestError", "write_manifest", "read_manifest", "check_writes_inside",
+           "MANIFEST"]
 
 MANIFEST = "sweep.json"
 _SQLITE = "sqlite:///"
@@ -99,3 +100,28 @@ def read_manifest(root: Path) -> dict[str, Any]:
         data["mlflow_uri"] = _absolute(root, data["mlflow_uri"], True, "mlflow.db")
     data["parquet_root"] = _absolute(root, data.get("parquet_root"), False, "parquet")
     return data
+
+
+def check_writes_inside(root: Path, target: str | Path, hint: str = "") -> None:
+    """``target``, a place inside the sweep folder that a command writes (``report/``, the
+    in-folder Parquet root), must not lead outside it through a symlink: a folder from
+    elsewhere could point ``report`` at any folder of yours. Targets outside the folder by
+    name (``parquet_root: s3://...`` or ``/data/x`` in sweep.json) are left alone."""
+    root = Path(root).absolute()
+    t = Path(target)
+    if "://" in str(target) or not t.is_absolute():
+        return
+    try:
+        rel = t.relative_to(root)
+    except ValueError:
+        return  # outside by name: sweep.json says so
+    real = root.resolve()
+    probe = root
+    for part in rel.parts:
+        probe = probe / part
+        if probe.is_symlink():
+            dest = probe.resolve()
+            if dest != real and real not in dest.parents:
+                raise ManifestError(
+                    f"{probe} is a symlink to {dest}, outside the sweep folder; replace it by "
+                    f"a folder{hint}")
