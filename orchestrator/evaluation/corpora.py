@@ -51,9 +51,8 @@ def corpus_key(ref: str) -> str:
 
 def text_column(path: str | os.PathLike) -> str:
     """The text column of a Parquet corpus (the first of TEXT_COLUMNS it has)."""
-    import pyarrow.parquet as pq
-
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     try:
         schema = pq.ParquetFile(path).schema_arrow
