@@ -100,7 +100,19 @@ def save_checkpoint(folder: str | os.PathLike, step: int, state: dict[str, Any],
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
+    # through a Python file: a full disk is then OSError(ENOSPC) naming the file, where
+    # torch's own writer raises an opaque RuntimeError; no half-written step is left behind
+    try:
+        with open(tmp / "state.pt", "wb") as f:
+            torch.save(state, f)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # torch's writer, closing after a failed write, raises a RuntimeError whose context
+        # is the OSError that says what happened
+        cause = e if isinstance(e, OSError) else e.__context__
+        if isinstance(cause, OSError) and cause.errno:
+            raise OSError(cause.errno, cause.strerror, str(final / "state.pt")) from None
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

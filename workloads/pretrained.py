@@ -266,6 +266,11 @@ def open_source(folder: Path) -> SafetensorsSource | StateSource:
     then a geosweep ``state.pt`` (loaded with weights_only and an allow-list)."""
     from workloads.checkpoint import latest_checkpoint
 
+    for f in [*folder.glob("*.safetensors"), *folder.glob("*.json"), folder / "state.pt"]:
+        # a FIFO blocks the first read forever; a device (/dev/zero) never ends
+        if f.exists() and not f.is_file():
+            raise CheckpointError(f"CHECKPOINT: {f} is not a regular file (a pipe, device or "
+                                  "folder); a model folder holds files only")
     if (folder / "model.safetensors.index.json").exists() or any(folder.glob("*.safetensors")):
         return SafetensorsSource(folder)
     if (folder / "state.pt").exists():

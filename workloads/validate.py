@@ -28,6 +28,8 @@ _POSITIVE = ("optim.lr", "train.steps", "train.batch_size", "train.eval_iters",
 _NON_NEGATIVE = ("train.eval_every", "train.metrics_every", "train.checkpoint_every",
                  "optim.warmup_steps", "train.epochs", "metrics.grad_probes")
 _DEFAULT_ASSIGNMENT = "unconstrained"
+_REALS = ("optim.lr", "optim.muon.lr")
+_MAX_COUNT = 10**9
 
 
 def choices(cfg: WorkloadConfig) -> dict[str, tuple[str, ...]]:
@@ -76,6 +78,10 @@ def _check_numbers(cfg: WorkloadConfig, flat: dict[str, Any]) -> None:
     for key in _NON_NEGATIVE:
         if flat[key] < 0:
             raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")
+    for key in _POSITIVE + _NON_NEGATIVE:
+        # counts: a typo'd 1e30 steps would start Ray and train forever (int64 columns too)
+        if key not in _REALS and flat[key] > _MAX_COUNT:
+            raise ConfigError(f"{key}: at most {_MAX_COUNT:.0e}, got {flat[key]!r}")
     dev = cfg.train.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
         raise ConfigError(f"train.device: {dev!r} is not one of auto, cpu, cuda, cuda:N")

@@ -51,6 +51,7 @@ def write_report(root: str | Path, baseline: str | None = None,
     ``metric``: the value arms are compared on (``ReportConfig.metric``)."""
     import dataclasses
 
+    from orchestrator.store.manifest import ManifestError, check_writes_inside
     from orchestrator.store.runs import log_report
 
     cfg = config or ReportConfig()
@@ -65,6 +66,10 @@ def write_report(root: str | Path, baseline: str | None = None,
         named = _named_baseline(data.root)
         arms = arm_table(data, baseline, cfg, named)  # validates the baseline before a write
     out = data.root / "report"
+    try:
+        check_writes_inside(data.root, out)
+    except ManifestError as e:
+        raise ReportError(str(e)) from None
     out.mkdir(exist_ok=True)
     for old in out.glob("*.png"):  # figures of an earlier report that may not apply any more
         old.unlink()

@@ -54,6 +54,9 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from orchestrator.cli.failures import CURRENT
+
+    CURRENT.update(sweep=None, writing=None)  # main() may run many times in one process
     parser = build_parser()
     try:
         try:

@@ -15,9 +15,20 @@ DEFAULT_OUT = "geosweep-runs/continuity"
 
 def cmd_continuity(args: argparse.Namespace) -> int:
     from orchestrator.analysis.continuity import run_continuity
+
+    # where it writes, before the checkpoint is read: a dead MLflow server would otherwise
+    # be retried for minutes after the analysis, an unknown scheme end in a traceback
+    from orchestrator.cli.checks import check_mlflow_uri
     from orchestrator.cli.heartbeat import Heartbeat
+    from orchestrator.cli.preflight import check_mlflow_store, check_writable_dir
     from workloads.pretrained import CheckpointError
 
+    check_writable_dir(args.out, "--out")
+    check_mlflow_store(args.mlflow_uri)
+    check_mlflow_uri(args.mlflow_uri)
+    from orchestrator.cli.failures import CURRENT
+
+    CURRENT["writing"] = args.out
     hb = Heartbeat("continuity", phase=f"loading {args.checkpoint} and measuring its layers")
     hb.say(f"[continuity] {args.checkpoint}: loading the checkpoint (streamed), then the "
            f"metrics of every layer; results in {args.out}")

@@ -5,6 +5,7 @@ and where it is written). Every bad input is one line, exit 2."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from orchestrator.cli.errors import UsageError
@@ -16,7 +17,15 @@ DEFAULT_MAX_BATCHES = 50  # as orchestrator.evaluation.sweep_eval (not imported:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from orchestrator.cli.failures import CURRENT
     from orchestrator.evaluation.sweep_eval import run_eval
+
+    CURRENT["writing"] = args.dir
+    cache = os.environ.get("GEOSWEEP_CACHE")
+    if cache:  # the trials' corpora are tokenized into it when not cached yet
+        from orchestrator.cli.preflight import check_writable_dir
+
+        check_writable_dir(cache, "GEOSWEEP_CACHE")
 
     try:
         run_eval(args.dir, trials=args.trial, corpora=args.corpus, max_batches=args.max_batches,

@@ -2,7 +2,8 @@
 
 Only exception types we know the meaning of are mapped: a real bug still prints its
 traceback. ``CURRENT`` is the sweep folder the command writes, for the "run geosweep resume
-DIR" advice (set by the commands that write one).
+DIR" advice (set by the commands that write one); ``writing`` names the folder eval, report
+and continuity write, for an error that names no file (pyarrow's and sqlite's).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 __all__ = ["one_line", "CURRENT", "INTERRUPTED"]
 
-CURRENT: dict[str, Any] = {"sweep": None}
+CURRENT: dict[str, Any] = {"sweep": None, "writing": None}
 INTERRUPTED = 130  # the shell's code for SIGINT
 
 
@@ -22,7 +23,7 @@ def _resume_hint() -> str:
 
 
 def _oserror(e: OSError) -> tuple[int, str] | None:
-    where = e.filename or "a file"
+    where = e.filename or CURRENT.get("writing") or CURRENT.get("sweep") or "a file"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return 1, f"disk full writing {where}; free space{_resume_hint() or ' and run it again'}"
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

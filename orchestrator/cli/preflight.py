@@ -4,6 +4,7 @@ nothing is created (a half-made folder would block the next ``run``)."""
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -12,7 +13,8 @@ from urllib.parse import urlparse
 
 from orchestrator.cli.errors import UsageError
 
-__all__ = ["check_tracking", "check_writable_dir", "MLFLOW_SCHEMES", "PARQUET_SCHEMES"]
+__all__ = ["check_tracking", "check_writable_dir", "check_mlflow_store", "check_local_resources",
+           "MLFLOW_SCHEMES", "PARQUET_SCHEMES"]
 
 # MLflow stores we can name; the database ones are checked by MLflow when the sweep starts
 MLFLOW_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql",
@@ -39,7 +41,12 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
         raise UsageError(f"{what}: {path} is not writable ({e.strerror})") from None
 
 
-def _check_mlflow(uri: str | None, root: Path) -> None:
+def check_mlflow_store(uri: str | None) -> None:
+    """An MLflow URI's scheme is one we know, and a local store can be written."""
+    _check_mlflow(uri)
+
+
+def _check_mlflow(uri: str | None, root: Path | None = None) -> None:
     if not uri:
         return
     scheme = urlparse(uri).scheme
@@ -86,3 +93,50 @@ def check_tracking(spec: Any, root: Path) -> None:
     cache = spec.base_config().data.cache_dir or os.environ.get("GEOSWEEP_CACHE")
     if cache:
         check_writable_dir(cache, "data.cache_dir")
+
+
+def _local_cpus() -> float:
+    """The CPUs a local Ray gets: this process's CPU set, capped by a cgroup v2 quota."""
+    n = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1.0, math.ceil(float(quota) / float(period))))
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+def _local_gpus() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return len(list(gpus.iterdir())) if gpus.is_dir() else 0
+
+
+def check_local_resources(spec: Any, address: str | None) -> None:
+    """On a local Ray (no --address, no RAY_ADDRESS) a trial that asks for more CPUs or GPUs
+    than this machine has, or for custom resources, would wait forever: Tune only warns."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        return  # a cluster may autoscale; its resources are its own
+    from cluster.warm import current
+
+    r = spec.resources
+    warm = current()
+    cpus = float(warm["num_cpus"]) if warm and warm.get("num_cpus") else _local_cpus()
+    need_cpu = r.workers_per_trial * r.cpus_per_worker
+    where = "the warm local Ray (geosweep ray start)" if warm else "this machine"
+    if need_cpu > cpus:
+        raise UsageError(f"resources: a trial needs {need_cpu:g} CPUs ({r.workers_per_trial} "
+                         f"worker(s) x {r.cpus_per_worker:g}) but {where} has {cpus:g}; "
+                         "lower resources.cpus_per_worker or run on a cluster (--address)")
+    need_gpu = r.workers_per_trial * r.gpus_per_worker
+    gpus = _local_gpus()
+    if need_gpu > gpus:
+        raise UsageError(f"resources: a trial needs {need_gpu:g} GPUs but {where} has {gpus}; "
+                         "set resources.gpus_per_worker: 0 or run on a cluster (--address)")
+    if r.custom:
+        raise UsageError(f"resources.custom: {', '.join(r.custom)}: a local Ray has no custom "
+                         "resources, the trials would wait forever; use --address")

@@ -13,6 +13,9 @@ from orchestrator.cli.errors import UsageError
 
 def cmd_report(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
+    from orchestrator.cli.failures import CURRENT
+
+    CURRENT["writing"] = root / "report"
     from orchestrator.analysis import timing
 
     timings = os.environ.get(timing.ENV)  # benchmarks/report_scale.py: stage timings

@@ -21,7 +21,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if sum(map(bool, (args.more_seeds, args.num_samples, args.until_decided))) > 1:
         raise UsageError("--more-seeds, --num-samples and --until-decided: give one of them "
                          "per resume")
-    from orchestrator.cli.preflight import check_tracking
+    from orchestrator.cli.preflight import check_local_resources, check_tracking
     from orchestrator.store.lock import lock_sweep
     from orchestrator.store.manifest import read_manifest
 
@@ -40,6 +40,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                          f"{root.name!r}; rename the folder back to {spec.name!r} to resume it")
     check_tracking(spec, root)
     check_address(args.address)
+    check_local_resources(spec, args.address)
     lock_sweep(root)
     if args.until_decided:
         return run_until_decided(root, spec, args.address, execute)

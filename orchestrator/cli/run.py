@@ -16,7 +16,7 @@ from orchestrator.cli.checks import (
     prepare_sweep_folder,
 )
 from orchestrator.cli.errors import UsageError
-from orchestrator.cli.preflight import check_tracking
+from orchestrator.cli.preflight import check_local_resources, check_tracking
 from orchestrator.cli.sets import add_spec_set_argument
 
 
@@ -30,6 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     check_mlflow_uri(spec.tracking.mlflow_uri)
     check_address(args.address)
+    check_local_resources(spec, args.address)
     check_tracking(spec, out / spec.name)
     prepare_sweep_folder(out / spec.name, resume=args.resume, overwrite=args.overwrite)
     rc = execute(spec, out, args.address, resume=args.resume)

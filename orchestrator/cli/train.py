@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,13 @@ def _train_config(args: argparse.Namespace) -> Any:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = _train_config(args)
     check_corpora([cfg.data.corpus], "")
-    if args.out:
-        from orchestrator.cli.preflight import check_writable_dir
+    from orchestrator.cli.preflight import check_writable_dir
 
+    if args.out:
         check_writable_dir(args.out, "--out")
+    cache = cfg.data.cache_dir or os.environ.get("GEOSWEEP_CACHE")
+    if cache:  # the token cache is written at the first run of a corpus
+        check_writable_dir(cache, "data.cache_dir")
     if cfg.train.device.startswith("cuda"):
         import torch
 

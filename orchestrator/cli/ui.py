@@ -92,6 +92,26 @@ def _kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         time.sleep(0.5)
 
 
+def _check_sqlite(uri: str) -> None:
+    """A truncated or foreign sqlite store is one line, not the server's 60-line traceback."""
+    if not uri.startswith("sqlite:///"):
+        return
+    import sqlite3
+    from pathlib import Path
+
+    path = Path(uri[len("sqlite:///"):])
+    if not path.is_file():
+        return  # MLflow creates an empty store; the UI then shows no runs
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as c:
+            ok = c.execute("PRAGMA quick_check(1)").fetchone()  # pages only: fast
+    except sqlite3.Error as e:
+        ok = (str(e),)
+    if not ok or ok[0] != "ok":
+        raise UsageError(f"{path}: the MLflow store is unreadable ({ok[0] if ok else '?'}); "
+                         "restore it from a copy of the sweep")
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
     from orchestrator.store.manifest import read_manifest
@@ -101,6 +121,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if uri.startswith("http"):
         print(f"this sweep logs to the MLflow server {uri}: open it in a browser")
         return 0
+    _check_sqlite(uri)
     host = check_host(args.host)
     port = _choose_port(host, args.port)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,

@@ -51,15 +51,23 @@ def corpus_key(ref: str) -> str:
 
 def text_column(path: str | os.PathLike) -> str:
     """The text column of a Parquet corpus (the first of TEXT_COLUMNS it has)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        names = pq.ParquetFile(path).schema_arrow.names
+        schema = pq.ParquetFile(path).schema_arrow
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
         raise EvalInputError(f"--corpus: {path} is not a readable Parquet file "
                              f"({type(e).__name__})") from None
+    names = schema.names
     for c in TEXT_COLUMNS:
         if c in names:
+            t = schema.field(c).type
+            if pa.types.is_dictionary(t):
+                t = t.value_type
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+                raise EvalInputError(f"--corpus: {path}: column {c!r} holds {t}, not text "
+                                     "(a string column is needed)")
             return c
     raise EvalInputError(f"--corpus: {path} has no text column (one of "
                          f"{', '.join(TEXT_COLUMNS)}; columns: {', '.join(names) or 'none'})")
@@ -79,8 +87,25 @@ def check_corpus(ref: str) -> None:
     if suffix == ".parquet":
         text_column(p)
     else:
-        try:
-            with open(p, encoding="utf-8") as f:
-                f.read(1 << 16)
-        except UnicodeDecodeError:
-            raise EvalInputError(f"--corpus: {ref} is not UTF-8 text") from None
+        _check_utf8(p, ref)
+
+
+def _check_utf8(p: Path, ref: str) -> None:
+    """The whole file decodes (it is read whole later; a bad byte after the first block was
+    a traceback mid-evaluation). Streamed: memory stays one block."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")()
+    at = 0
+    with open(p, "rb") as f:
+        while True:
+            block = f.read(1 << 20)
+            try:
+                dec.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                raise EvalInputError(f"--corpus: {ref} is not UTF-8 text (byte {at + e.start}: "
+                                     f"{block[e.start:e.start + 1]!r}); convert it with iconv"
+                                     ) from None
+            if not block:
+                return
+            at += len(block)

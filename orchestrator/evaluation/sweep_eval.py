@@ -17,6 +17,8 @@ last checkpoint predates the failure and is not the model the trial ended with.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -142,6 +144,12 @@ def _inputs(sweep_dir: str | Path, trials: list[str] | None, corpora: list[str] 
 
     root = Path(sweep_dir).expanduser().resolve()
     manifest, name, proot = _sweep(root)
+    from orchestrator.store.manifest import ManifestError, check_writes_inside
+
+    try:
+        check_writes_inside(root, proot, " (or name that place as parquet_root in sweep.json)")
+    except ManifestError as e:
+        raise EvalInputError(str(e)) from None
     table = read_trials(proot, sweep=name)
     if table.empty:
         raise EvalInputError(f"{root}: no trial records for sweep {name!r} in {proot}")
@@ -201,10 +209,24 @@ def _eval_trial(job: _Job, rec: Any, sources: Any, printer) -> list[dict[str, An
     write_eval(job.proot, job.name, tid, rows)
     if job.client is not None and tid in job.runs:
         try:
-            log_eval_mlflow(job.client, job.runs[tid], logged, step)
+            with _quiet_mlflow_db():
+                log_eval_mlflow(job.client, job.runs[tid], logged, step)
         except Exception as e:  # noqa: BLE001 - the Parquet rows are written already
             printer(f"[geosweep] trial {tid}: not logged to MLflow ({type(e).__name__}: "
                     f"{str(e).splitlines()[0] if str(e) else ''})")
     elif job.client is not None:
         printer(f"[geosweep] trial {tid}: no MLflow child run found: Parquet only")
     return results
+
+
+@contextlib.contextmanager
+def _quiet_mlflow_db():
+    """MLflow logs a failed SQL write (a full disk) with its whole traceback before raising;
+    the caller prints the one line that matters."""
+    log = logging.getLogger("mlflow.store.db.utils")
+    old = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(old)

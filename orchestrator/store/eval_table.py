@@ -116,14 +116,24 @@ def eval_wide(rows: pd.DataFrame) -> pd.DataFrame:
     return wide.reset_index()
 
 
+_NOT_METRICS = frozenset({"trial", "arm", "status", "seed", "sweep", "params",
+                          "divergence_reason", "divergence_step"})
+
+
 def attach_metric(trials: pd.DataFrame, parquet_root: str, sweep: str,
                   metric: str) -> pd.DataFrame:
     """``trials`` with a numeric column ``metric``: an existing column (``final_val_loss``,
     ``best_val_loss``, ``val/loss``, ...) or an eval metric read from the eval Parquet.
     Raises ValueError (one line, naming the valid choices) for an unknown metric."""
     if metric in trials.columns:
+        # a label or identity column is no metric: coercing it would blank it (status, arm)
+        # and a report "comparing" seeds or trial ids would be nonsense written over the last
+        values = pd.to_numeric(trials[metric], errors="coerce")
+        if metric in _NOT_METRICS or (values.isna().all() and trials[metric].notna().any()):
+            raise ValueError(f"--metric: {metric!r} is not a numeric per-trial value; use "
+                             "final_val_loss, best_val_loss or eval/<corpus>/<metric>")
         out = trials.copy()
-        out[metric] = pd.to_numeric(out[metric], errors="coerce")
+        out[metric] = values
         return out
     wide = eval_wide(read_eval(parquet_root, sweep))
     if metric not in wide.columns:

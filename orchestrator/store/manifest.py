@@ -9,13 +9,16 @@ was the default inside the folder's former location is mapped to the folder's ow
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ManifestError", "write_manifest", "read_manifest", "MANIFEST"]
+__all__ = ["ManifestError", "write_manifest", "read_manifest", "check_writes_inside",
+           "MANIFEST"]
 
 MANIFEST = "sweep.json"
 _SQLITE = "sqlite:///"
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")  # as the Parquet sink's partition values
 
 
 class ManifestError(ValueError):
@@ -48,8 +51,10 @@ def _absolute(root: Path, value: str | None, sqlite: bool, default: str) -> str:
     if rest.startswith("./"):
         return prefix + str(root / rest[2:])
     path = Path(rest)
-    # an old absolute manifest: <old folder>/<default> -> this folder's own, if it has one
-    if path.name == default and not path.exists() and (root / default).exists():
+    # an old absolute manifest: <old folder>/<default> -> this folder's own, if it has one,
+    # even while the old folder still exists: a copy (rsync-down) must read and write itself,
+    # never the folder it was copied from
+    if path.name == default and (root / default).exists():
         return prefix + str(root / default)
     return value
 
@@ -79,6 +84,10 @@ def read_manifest(root: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
         raise ManifestError(f"{mf} is not a geosweep manifest (a JSON object with a 'name'); "
                             "restore it from a copy of the sweep")
+    if not _NAME.match(data["name"]) or set(data["name"]) == {"."}:
+        # the name becomes a Parquet partition and part of paths (eval/sweep=NAME/)
+        raise ManifestError(f"{mf}: name {data['name'][:80]!r} is not a sweep name (letters, "
+                            "digits, '_', '-', '.'); restore it from a copy of the sweep")
     trials = data.get("trials", 0)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
         raise ManifestError(f"{mf}: 'trials' must be a count, got {trials!r}")
@@ -91,3 +100,28 @@ def read_manifest(root: Path) -> dict[str, Any]:
         data["mlflow_uri"] = _absolute(root, data["mlflow_uri"], True, "mlflow.db")
     data["parquet_root"] = _absolute(root, data.get("parquet_root"), False, "parquet")
     return data
+
+
+def check_writes_inside(root: Path, target: str | Path, hint: str = "") -> None:
+    """``target``, a place inside the sweep folder that a command writes (``report/``, the
+    in-folder Parquet root), must not lead outside it through a symlink: a folder from
+    elsewhere could point ``report`` at any folder of yours. Targets outside the folder by
+    name (``parquet_root: s3://...`` or ``/data/x`` in sweep.json) are left alone."""
+    root = Path(root).absolute()
+    t = Path(target)
+    if "://" in str(target) or not t.is_absolute():
+        return
+    try:
+        rel = t.relative_to(root)
+    except ValueError:
+        return  # outside by name: sweep.json says so
+    real = root.resolve()
+    probe = root
+    for part in rel.parts:
+        probe = probe / part
+        if probe.is_symlink():
+            dest = probe.resolve()
+            if dest != real and real not in dest.parents:
+                raise ManifestError(
+                    f"{probe} is a symlink to {dest}, outside the sweep folder; replace it by "
+                    f"a folder{hint}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["sweep_tracking_uri", "store_problem", "trial_runs", "sweep_runs",
+__all__ = ["sweep_tracking_uri", "store_problem", "store_broken", "trial_runs", "sweep_runs",
            "log_report", "view_experiment"]
 
 _MAX_RUNS = 50000  # the SQL store's search_runs page limit
@@ -39,6 +39,21 @@ def store_problem(uri: str) -> str | None:
             return f"MLflow server {uri} unreachable ({e})"
     elif uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         return f"MLflow store {uri} does not exist"
+    return None
+
+
+def store_broken(uri: str, e: BaseException) -> str | None:
+    """Why ``e`` (raised by an MLflow call on ``uri``) says the store itself is unreadable (a
+    truncated or corrupt sqlite file), or None for any other failure (a bug: let it raise)."""
+    seen: BaseException | None = e
+    for _ in range(5):  # MlflowException wraps SQLAlchemy's error, which wraps sqlite3's
+        if seen is None:
+            break
+        text = str(seen).splitlines()[0] if str(seen) else type(seen).__name__
+        if "DatabaseError" in type(seen).__name__ or "malformed" in text \
+                or "not a database" in text:
+            return f"MLflow store {uri} is unreadable ({text[:120]}); restore it from a copy"
+        seen = seen.__cause__ or seen.__context__
     return None
 
 
@@ -86,8 +101,15 @@ def sweep_runs(root: Path, manifest: dict[str, Any], name: str, experiment: str 
         return None, {}
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    return client, trial_runs(client, name, experiment)
+    try:  # the client opens (and migrates) the store: a corrupt one fails here already
+        client = MlflowClient(tracking_uri=uri)
+        return client, trial_runs(client, name, experiment)
+    except Exception as e:  # a corrupt store: the Parquet rows are written all the same
+        why = store_broken(uri, e)
+        if why is None:
+            raise
+        printer(f"[geosweep] not logging to MLflow: {why}")
+        return None, {}
 
 
 def log_report(uri: str | None, sweep: str, folder: Path) -> str:
@@ -99,7 +121,16 @@ def log_report(uri: str | None, sweep: str, folder: Path) -> str:
         return f"not logged: {why}"
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=str(uri))
+    try:
+        return _log_report(MlflowClient(tracking_uri=str(uri)), str(uri), sweep, folder)
+    except Exception as e:  # a corrupt store: the report is written; say so, do not fail
+        why = store_broken(str(uri), e)
+        if why is None:
+            raise
+        return f"not logged: {why}"
+
+
+def _log_report(client: Any, uri: str, sweep: str, folder: Path) -> str:
     query = f"tags.`geosweep.sweep` = '{sweep}'"
     exp = client.get_experiment_by_name(sweep)
     ids = [exp.experiment_id] if exp else []

@@ -1,4 +1,4 @@
-"""Ctrl-C during ``Tuner.fit``: Tune catches the first SIGINT itself (ray/tune/tune.py
+"""Ctrl-C (and SIGTERM) during ``Tuner.fit``: Tune catches the first SIGINT itself (ray/tune/tune.py
 ``_setup_signal_catching``), saves its experiment state and returns normally, so the driver
 cannot tell an interrupted sweep from a finished one. We watch for it.
 
@@ -47,11 +47,25 @@ def fit_watching_sigint(tuner: Any) -> tuple[Any, bool]:
         hit.set()
         raise KeyboardInterrupt
 
+    def term(sig: int, frame: Any) -> None:
+        # SIGTERM (kill, a job scheduler) is a Ctrl-C: whatever handles SIGINT now (Tune's
+        # first, ours after it) runs. Ray's own handlers (a Python sys.exit and a C++ one
+        # that aborts with a stack dump) left the parent run RUNNING and no resume hint.
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
     previous = signal.getsignal(signal.SIGINT)
+    previous_term = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGINT, ours)
+    signal.signal(signal.SIGTERM, term)
     try:
         grid = tuner.fit()
         interrupted = hit.is_set() or signal.getsignal(signal.SIGINT) is ours
         return grid, interrupted or incomplete_trials(grid) > 0
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term if previous_term is not None
+                      else signal.SIG_DFL)

@@ -8,46 +8,16 @@ Ray (a case that did would fail its timeout, and `run` cases would leave a sweep
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+import hostile_cases
+import hostile_kit as kit
 import pytest
-from tiny_spec import TINY, spec_with
+from hostile_kit import SPEC, Case, sweep_folder
+from tiny_spec import spec_with
 
 from orchestrator.cli import main
-
-SPEC = TINY
-
-
-def sweep_folder(tmp: Path, name: str = "tiny", manifest: object = None,
-                 raw: bytes | None = None, spec: str | None = SPEC) -> Path:
-    """A sweep folder as `run` leaves it, without Ray: spec.yaml, sweep.json, parquet/."""
-    root = tmp / "runs" / name
-    (root / "parquet").mkdir(parents=True)
-    if spec is not None:
-        (root / "spec.yaml").write_text(spec)
-    if raw is not None:
-        (root / "sweep.json").write_bytes(raw)
-    else:
-        m = {"name": "tiny", "trials": 2, "mlflow_uri": None, "parquet_root": "./parquet"}
-        (root / "sweep.json").write_text(json.dumps(m if manifest is None else manifest))
-    return root
-
-
-@dataclass
-class Case:
-    id: str
-    argv: list[str]  # {tmp}, {spec}, {sweep}, {model} are filled in
-    code: int
-    line: str  # a regex the single stderr line must match
-    setup: Callable[[Path], None] | None = None
-    spec: str | None = None  # written to {spec}
-    env: dict | None = None  # environment variables for the case
 
 
 def _bad_manifests() -> list[tuple[str, bytes]]:
@@ -171,37 +141,37 @@ CASES += [
          setup=lambda t: sweep_folder(t, spec="name: [")),
     # continuity: model folders from elsewhere
     Case("continuity-evil-state", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"refused to load: it pickles .*system", setup=lambda t: _evil_state(t)),
+         r"refused to load: it pickles .*system", setup=lambda t: kit.evil_state(t)),
     Case("continuity-truncated-state", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"truncated or corrupt", setup=lambda t: _model(t, "state.pt", b"PK\x03\x04junk")),
+         r"truncated or corrupt", setup=lambda t: kit.model(t, "state.pt", b"PK\x03\x04junk")),
     Case("continuity-empty-state", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"truncated or corrupt", setup=lambda t: _model(t, "state.pt", b"")),
+         r"truncated or corrupt", setup=lambda t: kit.model(t, "state.pt", b"")),
     Case("continuity-garbage-safetensors", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
          r"not a readable safetensors",
-         setup=lambda t: _model(t, "model.safetensors", b"\x00" * 64)),
+         setup=lambda t: kit.model(t, "model.safetensors", b"\x00" * 64)),
     Case("continuity-index-not-json", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"not valid JSON", setup=lambda t: _model(t, "model.safetensors.index.json", b"{")),
+         r"not valid JSON", setup=lambda t: kit.model(t, "model.safetensors.index.json", b"{")),
     Case("continuity-index-no-map", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"weight_map", setup=lambda t: _model(t, "model.safetensors.index.json", b"{}")),
+         r"weight_map", setup=lambda t: kit.model(t, "model.safetensors.index.json", b"{}")),
     Case("continuity-index-traversal", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"weight_map", setup=lambda t: _model(t, "model.safetensors.index.json",
+         r"weight_map", setup=lambda t: kit.model(t, "model.safetensors.index.json",
                                                b'{"weight_map": {"a": "../../etc/passwd"}}')),
     Case("continuity-index-missing-shard", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"missing shards", setup=lambda t: _model(t, "model.safetensors.index.json",
+         r"missing shards", setup=lambda t: kit.model(t, "model.safetensors.index.json",
                                                    b'{"weight_map": {"a": "s1.safetensors"}}')),
     Case("continuity-empty-folder", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
          r"holds no model", setup=lambda t: (t / "model").mkdir()),
     Case("continuity-nan-weights", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"NaN or inf", setup=lambda t: _nan_model(t)),
+         r"NaN or inf", setup=lambda t: kit.nan_model(t)),
     Case("continuity-config-not-object", ["continuity", "{model}", "--out", "{tmp}/c"], 2,
-         r"config.json", setup=lambda t: _nan_model(t, config=b"[1, 2]")),
+         r"config.json", setup=lambda t: kit.nan_model(t, config=b"[1, 2]")),
     # lock
     Case("run-locked", ["run", "{spec}", "--out", "{tmp}/runs", "--resume"], 2,
-         r"in use by another geosweep \(pid \d+", setup=lambda t: _locked(t)),
+         r"in use by another geosweep \(pid \d+", setup=lambda t: kit.locked(t)),
     Case("resume-locked", ["resume", "{sweep}"], 2, r"in use by another geosweep",
-         setup=lambda t: _locked(t)),
+         setup=lambda t: kit.locked(t)),
     Case("run-overwrite-locked", ["run", "{spec}", "--out", "{tmp}/runs", "--overwrite"], 2,
-         r"in use by another geosweep", setup=lambda t: _locked(t)),
+         r"in use by another geosweep", setup=lambda t: kit.locked(t)),
     # train (no Ray)
     Case("train-out-is-file", ["train", "--preset", "gpt-debug", "--out", "{tmp}/file"], 2,
          r"--out: .* not a folder", setup=lambda t: (t / "file").write_text("x")),
@@ -224,17 +194,17 @@ CASES += [
          r"optim.lrr"),
     Case("train-resume-evil-checkpoint", ["train", "--preset", "gpt-debug", "--out", "{tmp}/o",
                                           "--resume"], 2, r"refused to load",
-         setup=lambda t: _evil_ckpt(t)),
+         setup=lambda t: kit.evil_ckpt(t)),
     Case("train-resume-truncated-checkpoint", ["train", "--preset", "gpt-debug", "--out",
                                                "{tmp}/o", "--resume"], 2,
-         r"truncated or corrupt", setup=lambda t: _evil_ckpt(t, b"PK\x03\x04")),
+         r"truncated or corrupt", setup=lambda t: kit.evil_ckpt(t, b"PK\x03\x04")),
     # broken Parquet parts
     Case("status-zero-byte-parquet", ["status", "{sweep}"], 2, r"Parquet",
-         setup=lambda t: _parquet_part(t, b"")),
+         setup=lambda t: kit.parquet_part(t, b"")),
     Case("status-garbage-parquet", ["status", "{sweep}"], 2, r"Parquet",
-         setup=lambda t: _parquet_part(t, b"PAR1garbage")),
+         setup=lambda t: kit.parquet_part(t, b"PAR1garbage")),
     Case("report-zero-byte-parquet", ["report", "{sweep}"], 2, r"Parquet",
-         setup=lambda t: _parquet_part(t, b"")),
+         setup=lambda t: kit.parquet_part(t, b"")),
     # Ray addresses: reached with a timeout and a gRPC handshake, RAY_ADDRESS too
     Case("run-address-http-not-gcs", ["run", "{spec}", *_OUT, "--address", "{http}"], 2,
          r"--address: .* not a Ray GCS"),
@@ -256,87 +226,14 @@ CASES += [
     Case("ui-port-text", ["ui", "{sweep}", "--port", "http"], 2, r"port",
          setup=lambda t: sweep_folder(t)),
 ]
-
-
-def _evil_ckpt(t: Path, raw: bytes | None = None) -> None:
-    step = t / "o" / "checkpoints" / "step-00000002"
-    step.mkdir(parents=True)
-    if raw is None:
-        import torch
-
-        torch.save({"model": {}, "x": _Evil()}, step / "state.pt")
-    else:
-        (step / "state.pt").write_bytes(raw)
-
-
-def _parquet_part(t: Path, raw: bytes) -> None:
-    root = sweep_folder(t)
-    d = root / "parquet" / "trials" / "sweep=tiny" / "trial=t1"
-    d.mkdir(parents=True)
-    (d / "part-0.parquet").write_bytes(raw)
-
-
-def _model(t: Path, name: str, data: bytes) -> None:
-    (t / "model").mkdir()
-    (t / "model" / name).write_bytes(data)
-
-
-class _Evil:
-    def __reduce__(self):
-        return (os.system, ("touch PWNED_BY_PICKLE",))
-
-
-def _evil_state(t: Path) -> None:
-    import torch
-
-    (t / "model").mkdir()
-    torch.save({"model": {}, "x": _Evil()}, t / "model" / "state.pt")
-
-
-def _nan_model(t: Path, config: bytes | None = None) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    (t / "model").mkdir()
-    L, d = 3, 8
-    tensors = {}
-    for i in range(L):
-        for r in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
-            w = torch.randn(d, d)
-            if i == 1:
-                w[0, 0] = math.nan
-            tensors[f"transformer.h.{i}.{r}.weight"] = w
-    save_file(tensors, str(t / "model" / "model.safetensors"))
-    if config is not None:
-        (t / "model" / "config.json").write_bytes(config)
-
-
-def _locked(t: Path) -> None:
-    """The sweep folder locked by another process (a child that sleeps holding the flock)."""
-    import subprocess
-    import sys
-    import time
-
-    root = sweep_folder(t)
-    code = ("import fcntl, json, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | "
-            "os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, json.dumps({'pid': "
-            "os.getpid(), 'host': 'elsewhere', 'started': time.time()}).encode()); "
-            "print('ok', flush=True); time.sleep(60)")
-    p = subprocess.Popen([sys.executable, "-c", code, str(root / ".lock")],
-                         stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None and p.stdout.readline().strip() == "ok"
-    _CHILDREN.append(p)
-    time.sleep(0.01)
-
-
-_CHILDREN: list = []
+CASES += hostile_cases.CASES  # the second round (re-audit of issue 15)
 
 
 @pytest.fixture(autouse=True)
 def _reap():
     yield
-    while _CHILDREN:
-        p = _CHILDREN.pop()
+    while kit.CHILDREN:
+        p = kit.CHILDREN.pop()
         p.kill()
         p.wait()
 
@@ -362,8 +259,17 @@ def http_port():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile(case: Case, tmp_path: Path, capsys, monkeypatch, http_port):
+    if case.no_cuda:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RAY_ADDRESS", "")  # a case reaching Ray would start a local one
+    # never a warm Ray of `geosweep ray start` (its CPUs would decide resource cases)
+    monkeypatch.setenv("GEOSWEEP_RAY_STATE", str(tmp_path / "no-warm-ray.json"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("GEOSWEEP_CACHE", raising=False)
     for k, v in (case.env or {}).items():
         monkeypatch.setenv(k, v.format(http=f"127.0.0.1:{http_port}"))
     import ray
@@ -374,17 +280,24 @@ def test_hostile(case: Case, tmp_path: Path, capsys, monkeypatch, http_port):
     spec.write_text(case.spec if case.spec is not None else SPEC)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     fill = {"tmp": tmp_path, "spec": spec, "sweep": tmp_path / "runs" / "tiny",
-            "model": tmp_path / "model", "http": f"127.0.0.1:{http_port}"}
+            "model": tmp_path / "model", "http": f"127.0.0.1:{http_port}",
+            "fake": tmp_path / "runs" / "fake"}
     argv = [a.format(**fill) for a in case.argv]
     code = main(argv)
     out, err = capsys.readouterr()
-    lines = err.rstrip("\n").split("\n")
     assert code == case.code, (code, err[-2000:])
     assert "Traceback" not in out + err
-    assert len(lines) == 1, f"not one line: {err!r}"
-    assert re.search(case.line, lines[0]), lines[0]
     assert not ray.is_initialized()
     assert not (tmp_path / "PWNED_BY_PICKLE").exists()
+    if case.code == 0:  # a case that must succeed, and write what it is documented to
+        assert "geosweep: error" not in err, err[-2000:]
+        assert re.search(case.line, out), out[-2000:]
+        for pattern in case.makes:
+            assert list(tmp_path.glob(pattern)), pattern
+        return
+    lines = err.rstrip("\n").split("\n")
+    assert len(lines) == 1, f"not one line: {err!r}"
+    assert re.search(case.line, lines[0]), lines[0]
     after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     made = [p for p in after if p not in before and not p.endswith(".lock")]
     assert made == [], made  # nothing half-written

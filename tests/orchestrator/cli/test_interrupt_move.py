@@ -35,18 +35,17 @@ def _parent_status(db: Path) -> str:
     return rows[0][0]
 
 
-@pytest.mark.timeout(900)
-def test_ctrl_c_exit_130_then_resume_a_moved_copy(tmp_path: Path):
+def _run_then_signal(tmp_path: Path, sig: int) -> tuple[subprocess.Popen, Path, str]:
+    """`geosweep run` of SPEC, sent ``sig`` once its first trial record is written."""
     from orchestrator.store.parquet import read_trials
 
     spec = tmp_path / "tiny.yaml"
     spec.write_text(SPEC)
-    out = tmp_path / "out"
-    sweep = out / "tiny"
+    sweep = tmp_path / "out" / "tiny"
     log = tmp_path / "run.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(spec),
-                                 "--out", str(out)], cwd=ROOT, env=_env(), stdout=fh,
+                                 "--out", str(sweep.parent)], cwd=ROOT, env=_env(), stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 600
@@ -57,12 +56,30 @@ def test_ctrl_c_exit_130_then_resume_a_moved_copy(tmp_path: Path):
                 break
             time.sleep(0.2)
         assert proc.poll() is None, log.read_text()[-3000:]
-        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, once
+        os.kill(proc.pid, sig)  # once
         proc.wait(300)
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-    text = log.read_text(errors="replace")
+    return proc, sweep, log.read_text(errors="replace")
+
+
+@pytest.mark.timeout(900)
+def test_sigterm_is_an_interrupt_too(tmp_path: Path):
+    """SIGTERM (kill, a scheduler) ends the sweep as Ctrl-C does; Ray's own handlers aborted
+    the driver (exit 134, a C++ stack dump) and left the parent run RUNNING."""
+    proc, sweep, text = _run_then_signal(tmp_path, signal.SIGTERM)
+    assert proc.returncode == 130, text[-3000:]
+    assert f"interrupted; continue with: geosweep resume {sweep}" in text, text[-3000:]
+    assert "Traceback" not in text and "SIGTERM received" not in text
+    assert _parent_status(sweep / "mlflow.db") == "KILLED"
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_exit_130_then_resume_a_moved_copy(tmp_path: Path):
+    from orchestrator.store.parquet import read_trials
+
+    proc, sweep, text = _run_then_signal(tmp_path, signal.SIGINT)  # Ctrl-C, once
     assert proc.returncode == 130, text[-3000:]
     assert f"interrupted; continue with: geosweep resume {sweep}" in text, text[-3000:]
     assert "Traceback" not in text

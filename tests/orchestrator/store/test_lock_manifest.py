@@ -97,3 +97,19 @@ def test_broken_manifest_is_one_line(tmp_path: Path, raw: bytes):
     with pytest.raises(ManifestError, match=r"sweep\.json") as e:
         read_manifest(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_copy_of_an_old_absolute_manifest_reads_itself_not_the_original(tmp_path: Path):
+    """An rsync'd copy of a sweep whose sweep.json predates relative paths: while the original
+    folder still exists, status/report/eval of the copy must read and write the copy."""
+    orig = tmp_path / "orig" / "tiny"
+    copy = tmp_path / "copy" / "tiny"
+    for root in (orig, copy):
+        (root / "parquet").mkdir(parents=True)
+        (root / "mlflow.db").write_bytes(b"")
+        (root / "sweep.json").write_text(json.dumps({
+            "name": "tiny", "trials": 1, "mlflow_uri": f"sqlite:///{orig / 'mlflow.db'}",
+            "parquet_root": str(orig / "parquet")}))
+    m = read_manifest(copy)
+    assert m["parquet_root"] == str(copy / "parquet")
+    assert m["mlflow_uri"] == f"sqlite:///{copy / 'mlflow.db'}"
