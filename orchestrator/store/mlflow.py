@@ -31,7 +31,7 @@ from mlflow.entities import Metric, Param, RunTag
 from orchestrator.store.mlflow_names import mlflow_key
 from orchestrator.store.run_names import END_STATUS, EXPERIMENT_KIND, TAG
 
-__all__ = ["MlflowSink", "default_tracking", "flatten_params", "TAG", "import_sqlite_store"]
+__all__ = ["MlflowSink", "default_tracking", "flatten_params", "TAG"]
 
 _MAX_METRICS = 1000  # MLflow's per-log_batch limits
 _MAX_PARAMS_TAGS = 100
@@ -39,15 +39,6 @@ _MAX_PARAM_LEN = 6000
 _MAX_TAG_LEN = 5000
 _BAD_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
 _END_STATUS = END_STATUS  # geosweep status -> MLflow run status (store/run_names.py)
-
-
-def import_sqlite_store() -> None:
-    """Import what MLflow imports lazily when its first client opens a sqlite store (its
-    sqlalchemy store, alembic, sqlite's dialect): a driver that builds the store on a thread
-    imports them before it goes on importing on its own thread."""
-    import mlflow.store.db.utils  # noqa: F401
-    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
-    import sqlalchemy.dialects.sqlite  # noqa: F401
 
 
 def default_tracking(sweep_dir: str) -> tuple[str, str]:

@@ -1,12 +1,14 @@
 """The sweep's default MLflow store, built on a thread beside Ray's start and the first trials.
 
 Building it costs seconds of CPU (MLflow's imports ~2.5 s, then the sqlite schema migrations of
-a new store ~2-4 s on 2 cores, docs/platform.md): in series it delayed the first trial by all
-of it. Now the thread first imports MLflow's modules (``imported``) while the driver starts or
-joins Ray, then builds the store while Tune starts the first trials; the result sink's writer
-(orchestrator/sweep/callback.py) waits for the store at its first MLflow write. The driver
-waits for the imports before it imports Tune: two threads importing overlapping module trees
-at once can meet in Python's per-module import locks (a ``_DeadlockError``).
+a new store ~2-4 s on 2 cores): in series it delayed the first trial by all of it. The driver
+first imports what it needs up to the first trial (``import_driver_modules``: Tune, the sinks),
+then starts the thread, which imports MLflow and builds the store while Ray starts (or is
+joined) and Tune starts the first trials; the result sink's writer (orchestrator/sweep/
+callback.py) waits for the store at its first MLflow write. Imports in that order never run
+on both threads at once for the same module trees: two threads importing overlapping trees
+can meet in Python's per-module import locks (a ``_DeadlockError``); between Ray's start
+and the first trial, Tune imports only its own ``ray.air`` integration modules.
 """
 
 from __future__ import annotations
@@ -17,15 +19,7 @@ from typing import Any
 from orchestrator.store.layout import SweepPaths
 from orchestrator.sweep.spec import SweepSpec
 
-__all__ = ["StoreThread", "mlflow_sink", "mlflow_imports"]
-
-
-def mlflow_imports() -> None:
-    """What building the store imports, MLflow's lazily imported sqlalchemy store included."""
-    from orchestrator.store.mlflow import import_sqlite_store
-
-    import_sqlite_store()
-    import orchestrator.sweep.provenance  # noqa: F401
+__all__ = ["StoreThread", "mlflow_sink", "import_driver_modules"]
 
 
 def mlflow_sink(spec: SweepSpec, paths: SweepPaths) -> Any:
@@ -39,31 +33,41 @@ def mlflow_sink(spec: SweepSpec, paths: SweepPaths) -> Any:
     return mlflow
 
 
-class StoreThread:
-    """``first()`` then ``fn(*args)`` on a thread. ``wait_imported()`` returns once ``first``
-    ended (or failed: ``wait`` reports it); ``wait()`` returns ``fn``'s value or raises the
-    error of either."""
+def import_driver_modules(optuna_url: str | None = None) -> Any:
+    """What the driver imports between Ray's start and the first trial (Tune, the sinks, the
+    trial driver), imported before the store's thread starts importing MLflow's modules.
+    ``optuna_url``: the Optuna study's RDB, opened here (returned) since opening it imports
+    sqlalchemy and alembic as MLflow's store does (~0.8 s, after Ray's start otherwise)."""
+    import ray.tune  # noqa: F401
+    import ray.tune.schedulers  # noqa: F401
 
-    def __init__(self, fn: Any, *args: Any, first: Any = mlflow_imports) -> None:
+    import orchestrator.store.parquet  # noqa: F401
+    import orchestrator.sweep.callback  # noqa: F401
+    import orchestrator.sweep.experiments  # noqa: F401
+    import orchestrator.sweep.trial  # noqa: F401
+
+    if optuna_url is None:
+        return None
+    import optuna
+
+    return optuna.storages.RDBStorage(optuna_url)
+
+
+class StoreThread:
+    """``fn(*args)`` on a thread; ``wait()`` returns its value or raises its error."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
         self._out: Any = None
         self._err: BaseException | None = None
-        self._imported = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(first, fn, args), daemon=True,
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True,
                                         name="geosweep-sinks")
         self._thread.start()
 
-    def _run(self, first: Any, fn: Any, args: tuple) -> None:
+    def _run(self, fn: Any, args: tuple) -> None:
         try:
-            try:
-                first()
-            finally:
-                self._imported.set()
             self._out = fn(*args)
         except BaseException as e:  # noqa: BLE001 - re-raised by wait()
             self._err = e
-
-    def wait_imported(self) -> None:
-        self._imported.wait()
 
     def wait(self, quiet: bool = False) -> Any:
         """The store (None after an error when ``quiet``)."""

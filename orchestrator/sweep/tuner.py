@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.store.layout import SweepPaths, sweep_paths
 from orchestrator.sweep.experiments import Extension
 from orchestrator.sweep.interrupt import fit_watching_sigint
-from orchestrator.sweep.mlflow_start import StoreThread, mlflow_sink
+from orchestrator.sweep.mlflow_start import StoreThread, import_driver_modules, mlflow_sink
 from orchestrator.sweep.progress import make_progress
 from orchestrator.sweep.spec import SweepSpec
 
@@ -92,6 +92,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             prepare()  # the environment Ray must see when imported (a warm Ray's token)
         import ray  # noqa: F401 - imported here, not concurrently with the thread's imports
 
+        plan.rdb = import_driver_modules(plan.storage)
         store = StoreThread(mlflow_sink, spec, paths)
     try:
         connect(address)
@@ -107,8 +108,6 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
         paths.spec.write_text(spec.to_yaml())
         if extend or not resume:  # what a later resume restores this experiment with
             save_experiment(paths.ray_storage, exp)
-        if store is not None:
-            store.wait_imported()
         mlflow = None if store is not None else mlflow_sink(spec, paths)
         sink_cb = _sink_callback(spec, paths, mlflow, store, plan.previous)
         progress = make_progress()(exp.count, _objective(), spec.search.mode, printer=printer,
@@ -168,6 +167,7 @@ class _Plan:
     manifest: dict[str, Any]  # sweep.json as found
     planned: int  # trials planned, this experiment included
     storage: str | None  # the Optuna study's RDB URL (Optuna searches only)
+    rdb: Any = None  # that RDB's storage once opened (else Tune's searcher opens the URL)
 
     @classmethod
     def make(cls, spec: SweepSpec, paths: SweepPaths, resume: bool,
@@ -231,7 +231,8 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
     from orchestrator.sweep.trial import prewarm, trial_driver, trial_resources
 
     exp = plan.exp
-    param_space, search_alg, num_samples = build_experiment_search(exp, plan.storage, spec.name)
+    storage = plan.rdb or plan.storage
+    param_space, search_alg, num_samples = build_experiment_search(exp, storage, spec.name)
     finished = frozenset(r["trial"] for r in plan.previous
                          if r.get("status") in ("completed", "diverged", "stopped"))
     trainable = tune.with_resources(
