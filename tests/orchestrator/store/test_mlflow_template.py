@@ -15,9 +15,13 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _schema(db) -> tuple:
+    """Tables and indexes with their DDL, lines sorted: MLflow's own migrations order a
+    table's CHECK constraints differently from one new store to the next."""
     con = sqlite3.connect(db)
     try:
-        tables = con.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+        tables = [(t, n, sorted(line.strip().rstrip(",") for line in (sql or "").splitlines()))
+                  for t, n, sql in con.execute(
+                      "SELECT type, name, sql FROM sqlite_master ORDER BY name")]
         version = con.execute("SELECT version_num FROM alembic_version").fetchall()
         exps = con.execute("SELECT experiment_id, name, artifact_location FROM experiments"
                            ).fetchall()
