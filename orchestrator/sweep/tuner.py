@@ -57,9 +57,9 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     one more experiment that adds seeds or samples to a finished sweep (orchestrator/sweep/
     experiments.py); implies ``resume``.
     """
-    # One sweep's phases in order (plan, lock, MLflow store beside Ray's start, Tune, records,
-    # parent run); each phase is a helper below, and what is left is their order and the error
-    # paths that must close the parent run: longer than ~60 lines for that reason.
+    # One sweep's phases in order (plan, lock, MLflow store beside Ray's start and the first
+    # trials, Tune, records, parent run); each phase is a helper below, and what is left is
+    # their order and the error paths that must close the parent run: longer than ~60 lines.
     from cluster.local import connect
     from orchestrator.store.lock import lock_sweep, unlock_sweep
     from orchestrator.store.manifest import write_manifest
@@ -91,10 +91,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
         if not address:
             prepare()  # the environment Ray must see when imported (a warm Ray's token)
         import ray  # noqa: F401 - imported here, not concurrently with the thread's imports
-
-        plan.rdb = import_driver_modules(plan.storage)
-        store = StoreThread(mlflow_sink, spec, paths)
     try:
+        if overlap:  # the driver's imports first, then the thread's (mlflow_start.py)
+            plan.rdb = import_driver_modules(plan.storage)
+            store = StoreThread(mlflow_sink, spec, paths)
         connect(address)
     except BaseException:
         if store is not None:
