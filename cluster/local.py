@@ -34,6 +34,11 @@ _ENV = {
     # last one, and then warns that snapshots "may become a bottleneck": ours are a few kB on
     # the sweep's own storage (measured: no cost, benchmarks/sweep_efficiency.py).
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
+    # Ray starts one worker per CPU for its first driver, with no job and no runtime_env: our
+    # jobs' workers have one (worker_env()), so those never serve a trial (a local start: they
+    # register, sit idle and are killed ~1 s later) and only cost 2 Python processes' start
+    # (~1.5 CPU-s each) on the cores that Ray's own start needs.
+    "RAY_prestart_worker_first_driver": "0",
     "HF_DATASETS_OFFLINE": os.environ.get("HF_DATASETS_OFFLINE", "0"),
     "PYTHONWARNINGS": "ignore::DeprecationWarning",
 }

@@ -29,11 +29,11 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from orchestrator.store.mlflow_names import mlflow_key
-from orchestrator.store.run_names import END_STATUS, EXPERIMENT_KIND
+from orchestrator.store.mlflow_template import seed_sqlite_store
+from orchestrator.store.run_names import END_STATUS, EXPERIMENT_KIND, TAG
 
 __all__ = ["MlflowSink", "default_tracking", "flatten_params", "TAG"]
 
-TAG = "geosweep."
 _MAX_METRICS = 1000  # MLflow's per-log_batch limits
 _MAX_PARAMS_TAGS = 100
 _MAX_PARAM_LEN = 6000
@@ -93,10 +93,12 @@ class MlflowSink:
         sweep: str,
         artifact_location: str | None = None,
     ) -> None:
-        if artifact_location is None and tracking_uri.startswith("sqlite:///"):
-            # next to the database, not ./mlruns of the current directory
+        if tracking_uri.startswith("sqlite:///"):
             db = tracking_uri[len("sqlite:///") :]
-            artifact_location = os.path.join(os.path.dirname(os.path.abspath(db)), "mlartifacts")
+            seed_sqlite_store(db)  # a new store: a copy of the migrated empty one
+            if artifact_location is None:  # next to the database, not ./mlruns of the cwd
+                artifact_location = os.path.join(os.path.dirname(os.path.abspath(db)),
+                                                 "mlartifacts")
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.sweep = sweep
         exp = self.client.get_experiment_by_name(experiment)

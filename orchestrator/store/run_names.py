@@ -15,8 +15,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["run_name", "compact", "END_STATUS", "reason", "EXPERIMENT_KIND"]
+__all__ = ["run_name", "compact", "END_STATUS", "reason", "EXPERIMENT_KIND", "TAG"]
 
+TAG = "geosweep."  # the prefix of geosweep's MLflow tags (here: importing it needs no MLflow)
 SEED_KEY = "train.seed"  # as orchestrator/sweep/params.py (store does not import sweep)
 _MAX_NAME = 250
 # geosweep status -> MLflow run status

@@ -39,15 +39,17 @@ import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
-from orchestrator.store.mlflow import TAG, MlflowSink
 from orchestrator.store.parquet import ParquetSink
-from orchestrator.store.run_names import reason, run_name
+from orchestrator.store.run_names import TAG, reason, run_name
 from orchestrator.sweep.params import P_KEY
 from orchestrator.sweep.space import flat_from_tune_config
+
+if TYPE_CHECKING:  # MLflow is imported on the store's thread (orchestrator/sweep/mlflow_start.py)
+    from orchestrator.store.mlflow import MlflowSink
 
 __all__ = ["SinkCallback", "FINAL_STATUSES"]
 
@@ -86,8 +88,14 @@ class SinkCallback(Callback):
         sweep: str | None = None,
         clock: Callable[[], float] = time.time,
         background: bool = False,
+        mlflow_later: Callable[[], MlflowSink] | None = None,
     ) -> None:
         self.parquet, self.mlflow, self.metric, self.clock = parquet, mlflow, metric, clock
+        # mlflow_later: the MLflow sink still being built (its store's schema migrations run
+        # while Tune starts the first trials); the first event that writes waits for it. If
+        # it fails, the events go on to Parquet alone and the next hook raises its error.
+        self._mlflow_later = mlflow_later
+        self._mlflow_error: BaseException | None = None
         # background=True: hooks only enqueue; one writer thread does the I/O, so a slow
         # MLflow/Parquet write never stalls Tune's event loop (and with it every trial).
         self.background = background
@@ -143,6 +151,7 @@ class SinkCallback(Callback):
         """Wait until every queued write is done; re-raise the first writer error."""
         if self._queue is not None:
             self._queue.join()
+        self._check_mlflow()
         if self._error is not None:
             err, self._error = self._error, None
             raise RuntimeError(f"result sink failed: {err!r}") from err
@@ -153,15 +162,34 @@ class SinkCallback(Callback):
     # --- background writer ----------------------------------------------------------------
     def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
         state = dict(self.__dict__)
-        state.update(_queue=None, _thread=None, _error=None, _pending={}, _lock=None)
+        state.update(_queue=None, _thread=None, _error=None, _pending={}, _lock=None,
+                     _mlflow_later=None, _mlflow_error=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
+    def _check_mlflow(self) -> None:
+        """A sink whose MLflow store could not be built fails the sweep (Tune stops at once)."""
+        if self._mlflow_error is not None:
+            err = self._mlflow_error
+            raise RuntimeError(f"the MLflow store could not be built: {err!r}") from err
+
+    def _resolve_mlflow(self) -> None:
+        """Before an event's writes (on the writer thread): the MLflow sink, once built."""
+        if self._mlflow_later is None:
+            return
+        later, self._mlflow_later = self._mlflow_later, None
+        try:
+            self.mlflow = later()
+        except BaseException as e:  # noqa: BLE001 - raised by the next hook / flush
+            log.error("geosweep result sink: the MLflow store: %r", e)
+            self._mlflow_error = e
+
     def _defer(self, fn: Callable[..., None], trial: Any, *args: Any) -> bool:
         """Run ``fn(snapshot, *args)`` on the writer thread; False when not in background."""
+        self._check_mlflow()
         if not self.background:
             return False
         if self._queue is None:
@@ -276,6 +304,7 @@ class SinkCallback(Callback):
 
     # --- records --------------------------------------------------------------------------
     def _record(self, trial: Any) -> dict[str, Any]:
+        self._resolve_mlflow()  # every event that writes reads its record first
         tid = trial.trial_id
         self._seen.add(tid)
         if tid not in self._records:

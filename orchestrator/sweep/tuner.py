@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from orchestrator.store.layout import SweepPaths, sweep_paths
 from orchestrator.sweep.experiments import Extension
 from orchestrator.sweep.interrupt import fit_watching_sigint
+from orchestrator.sweep.mlflow_start import StoreThread, import_driver_modules, mlflow_sink
 from orchestrator.sweep.progress import make_progress
 from orchestrator.sweep.spec import SweepSpec
 
@@ -57,9 +57,9 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     one more experiment that adds seeds or samples to a finished sweep (orchestrator/sweep/
     experiments.py); implies ``resume``.
     """
-    # One sweep's phases in order (plan, lock, MLflow store beside Ray's start, Tune, records,
-    # parent run); each phase is a helper below, and what is left is their order and the error
-    # paths that must close the parent run: longer than ~60 lines for that reason.
+    # One sweep's phases in order (plan, lock, MLflow store beside Ray's start and the first
+    # trials, Tune, records, parent run); each phase is a helper below, and what is left is
+    # their order and the error paths that must close the parent run: longer than ~60 lines.
     from cluster.local import connect
     from orchestrator.store.lock import lock_sweep, unlock_sweep
     from orchestrator.store.manifest import write_manifest
@@ -75,9 +75,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     # checked before Ray starts: a refused extension changes nothing
     plan = _Plan.make(spec, paths, resume, extend)
     spec, exp = plan.spec, plan.exp
-    # The default MLflow store (import + sqlite schema migrations, ~2 s) is built on a thread
-    # while Ray starts (~3 s, mostly waiting on its processes): the two no longer add up. A
-    # store outside the sweep folder (a server) is written only once Ray is up.
+    # The default MLflow store is built on a thread (orchestrator/sweep/mlflow_start.py): its
+    # imports overlap Ray's start, the store itself Tune's start and the first trials (the
+    # result sink's writer waits for it). A store outside the sweep folder (a server) is
+    # written only once Ray is up.
     existed = paths.root.exists()
     # one writer per sweep folder (orchestrator/store/lock.py); the CLI took it already
     lock_sweep(paths.root)
@@ -90,9 +91,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
         if not address:
             prepare()  # the environment Ray must see when imported (a warm Ray's token)
         import ray  # noqa: F401 - imported here, not concurrently with the thread's imports
-
-        store = _Background(_mlflow_sink, spec, paths)
     try:
+        if overlap:  # the driver's imports first, then the thread's (mlflow_start.py)
+            plan.rdb = import_driver_modules(plan.storage)
+            store = StoreThread(mlflow_sink, spec, paths)
         connect(address)
     except BaseException:
         if store is not None:
@@ -101,15 +103,20 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             unlock_sweep(paths.root)
             shutil.rmtree(paths.root, ignore_errors=True)
         raise
-    paths.root.mkdir(parents=True, exist_ok=True)
-    paths.spec.write_text(spec.to_yaml())
-    if extend or not resume:  # what a later resume restores this experiment with
-        save_experiment(paths.ray_storage, exp)
-    mlflow = store.wait() if store is not None else _mlflow_sink(spec, paths)
-    sink_cb = _sink_callback(spec, paths, mlflow, plan.previous)
-    progress = make_progress()(exp.count, _objective(), spec.search.mode, printer=printer,
-                               label=spec.search.metric)
-    tuner = _tuner(spec, paths, plan, [sink_cb, progress], resume and not extend)
+    try:
+        paths.root.mkdir(parents=True, exist_ok=True)
+        paths.spec.write_text(spec.to_yaml())
+        if extend or not resume:  # what a later resume restores this experiment with
+            save_experiment(paths.ray_storage, exp)
+        mlflow = None if store is not None else mlflow_sink(spec, paths)
+        sink_cb = _sink_callback(spec, paths, mlflow, store, plan.previous)
+        progress = make_progress()(exp.count, _objective(), spec.search.mode, printer=printer,
+                                   label=spec.search.metric)
+        tuner = _tuner(spec, paths, plan, [sink_cb, progress], resume and not extend)
+    except BaseException:  # a store half-migrated by a dying thread would not open again
+        if store is not None:
+            store.wait(quiet=True)
+        raise
     write_manifest(paths.root, {
         "name": spec.name, "trials": plan.planned, "mlflow_uri": paths.mlflow_uri,
         "parquet_root": paths.parquet_root, "started": plan.manifest.get("started", t0),
@@ -119,6 +126,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     try:
         _, interrupted = fit_watching_sigint(tuner)
         fit_s = time.time() - t_fit
+        mlflow = store.wait() if store is not None else mlflow
         printer("[geosweep] trials ended; writing MLflow/Parquet records and the kept weights...")
         if resume and not interrupted:
             _close_orphans(sink_cb, mlflow, plan.previous, plan.storage, spec.name)
@@ -133,8 +141,11 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
             log_sweep_summary(mlflow, records, _objective(), spec.search.mode)
     except BaseException as e:  # a sweep that raises (or a second Ctrl-C) is not FINISHED
-        mlflow.end_parent(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
-                          error=f"{type(e).__name__}: {e}"[:2000])
+        if store is not None:  # None: the store failed (its error is what is raised)
+            mlflow = store.wait(quiet=True)
+        if mlflow is not None:
+            mlflow.end_parent(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
+                              error=f"{type(e).__name__}: {e}"[:2000])
         raise
     # a sweep whose every trial failed did not finish; Ctrl-C is KILLED (resume continues it)
     printer("[geosweep] closing the MLflow parent run...")
@@ -156,6 +167,7 @@ class _Plan:
     manifest: dict[str, Any]  # sweep.json as found
     planned: int  # trials planned, this experiment included
     storage: str | None  # the Optuna study's RDB URL (Optuna searches only)
+    rdb: Any = None  # that RDB's storage once opened (else Tune's searcher opens the URL)
 
     @classmethod
     def make(cls, spec: SweepSpec, paths: SweepPaths, resume: bool,
@@ -188,55 +200,23 @@ class _Plan:
         return cls(spec, exp, names, previous, manifest, planned, storage)
 
 
-class _Background:
-    """``fn(*args)`` on a thread; ``wait()`` returns its value or raises its error."""
-
-    def __init__(self, fn: Any, *args: Any) -> None:
-        self._out: Any = None
-        self._err: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True,
-                                        name="geosweep-sinks")
-        self._thread.start()
-
-    def _run(self, fn: Any, args: tuple) -> None:
-        try:
-            self._out = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - re-raised by wait()
-            self._err = e
-
-    def wait(self, quiet: bool = False) -> Any:
-        self._thread.join()
-        if self._err is not None and not quiet:
-            raise self._err
-        return self._out
-
-
 def _objective() -> str:
     from orchestrator.sweep.worker import OBJECTIVE
 
     return OBJECTIVE
 
 
-def _mlflow_sink(spec: SweepSpec, paths: SweepPaths) -> Any:
-    """The sweep's MLflow writer with its parent run (runs on a thread while Ray starts)."""
-    from orchestrator.store.mlflow import MlflowSink
-    from orchestrator.sweep.provenance import provenance
-
-    mlflow = MlflowSink(paths.mlflow_uri, spec.tracking.experiment or spec.name, spec.name,
-                        artifact_location=str(paths.artifacts))
-    mlflow.start_parent(spec.to_yaml(), params={"sweep": spec.name}, provenance=provenance())
-    return mlflow
-
-
-def _sink_callback(spec: SweepSpec, paths: SweepPaths, mlflow: Any,
+def _sink_callback(spec: SweepSpec, paths: SweepPaths, mlflow: Any, store: Any,
                    previous: list[dict[str, Any]]) -> Any:
-    """The single writers (MLflow parent + Parquet dataset) behind one Tune callback."""
+    """The single writers (MLflow parent + Parquet dataset) behind one Tune callback; with
+    ``store`` (a ``StoreThread``) its writer waits for the MLflow sink at its first write."""
     from orchestrator.store.parquet import ParquetSink
     from orchestrator.sweep.callback import SinkCallback
 
     parquet = ParquetSink(paths.parquet_root, spec.name)
     sink_cb = SinkCallback(mlflow=mlflow, parquet=parquet, sweep=spec.name,
-                           metric=_objective(), background=True)
+                           metric=_objective(), background=True,
+                           mlflow_later=store.wait if store is not None else None)
     sink_cb.preload(previous)
     return sink_cb
 
@@ -251,7 +231,8 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
     from orchestrator.sweep.trial import prewarm, trial_driver, trial_resources
 
     exp = plan.exp
-    param_space, search_alg, num_samples = build_experiment_search(exp, plan.storage, spec.name)
+    storage = plan.rdb or plan.storage
+    param_space, search_alg, num_samples = build_experiment_search(exp, storage, spec.name)
     finished = frozenset(r["trial"] for r in plan.previous
                          if r.get("status") in ("completed", "diverged", "stopped"))
     trainable = tune.with_resources(

@@ -350,3 +350,55 @@ def test_finished_trial_records_its_spike_count(tmp_path):
     assert spike_count(curve, SPIKE_FACTOR, SPIKE_MIN_DELTA) == 2
     assert rec["spikes"] == 2 and rec["spikes_rule"] == spike_rule(SPIKE_FACTOR,
                                                                     SPIKE_MIN_DELTA)
+
+
+def test_mlflow_sink_built_later_misses_nothing(sinks):
+    """The driver's MLflow store is built while the first trials run (mlflow_later): the
+    hooks never wait for it, and every event reaches both sinks once it is there."""
+    import threading
+
+    ml, pq, parent, uri, root = sinks
+    ready = threading.Event()
+
+    def later():
+        if not ready.wait(30):  # set only once every hook below returned
+            raise AssertionError("a Tune hook waited for the MLflow store")
+        return ml
+
+    cb = SinkCallback(parquet=pq, metric="val/loss", clock=Clock(), background=True,
+                      mlflow_later=later)
+    t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    cb.on_trial_result(0, [], t, _payload(t, 1, 10, train_s=1.0))
+    cb.on_trial_result(0, [], t, _payload(t, 11, 20, status="completed", train_s=2.0))
+    cb.on_trial_complete(0, [], t)
+    state = cloudpickle.loads(cloudpickle.dumps(cb))  # Tune pickles callbacks meanwhile
+    assert state._mlflow_later is None
+    ready.set()
+    (rec,) = cb.records()
+    assert rec["status"] == "completed" and rec["last_step"] == 20
+    run = MlflowClient(uri).get_run(ml.run_id("t1"))
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    hist = MlflowClient(uri).get_metric_history(ml.run_id("t1"), "Loss/train")
+    assert sorted(m.step for m in hist) == list(range(1, 21))
+    assert len(read_curves(root, sweep="sw").query("split == 'train'")) == 20
+
+
+def test_mlflow_store_that_fails_stops_the_sweep_and_keeps_parquet(tmp_path):
+    """A store that could not be built: the events still reach Parquet, and the next hook
+    (Tune's loop: the sweep stops) and flush raise its error."""
+    def later():
+        raise OSError("mlflow.db: disk I/O error")
+
+    pq = ParquetSink(str(tmp_path), "s")
+    cb = SinkCallback(parquet=pq, sweep="s", clock=Clock(), background=True, mlflow_later=later)
+    t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    cb.on_trial_result(0, [], t, _payload(t, 1, 10))
+    with pytest.raises(RuntimeError, match="disk I/O error"):
+        cb.flush()
+    with pytest.raises(RuntimeError, match="MLflow store could not be built"):
+        cb.on_trial_result(0, [], t, _payload(t, 11, 20))
+    assert len(read_curves(str(tmp_path), sweep="s")) == 10 + 1  # 10 train + 1 val point
+    assert list(read_trials(str(tmp_path), sweep="s").last_step) == [10]
