@@ -241,7 +241,9 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
     train_losses: list[float] = []
     window_losses: list[float] = []
     divergence: Divergence | None = None
-    last_val = float("nan")
+    # a resumed run that has no step left (its checkpoint is at train.steps) ends at the
+    # checkpoint's last evaluation, not at nan
+    last_val = val_history[-1][1] if val_history else float("nan")
     t0 = time.perf_counter()
     t_window, items_window = t0, 0
     model.train()

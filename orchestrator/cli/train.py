@@ -41,6 +41,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_corpora([cfg.data.corpus], "")
     from orchestrator.cli.preflight import check_writable_dir
 
+    if args.resume and not args.out:
+        raise UsageError("--resume needs --out: the folder whose last checkpoint to continue from")
     if args.out:
         check_writable_dir(args.out, "--out")
     cache = cfg.data.cache_dir or os.environ.get("GEOSWEEP_CACHE")
@@ -76,6 +78,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         monitor = DivergenceMonitor(DivergenceRules())
     ckpt = str(Path(args.out) / "checkpoints") if args.out else None
+    if args.resume:
+        _say_resume_point(ckpt)
     try:
         with hb:
             res = run(cfg, report=report, monitor=StepTracker(monitor, hb, cfg.train.steps),
@@ -85,9 +89,25 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise
         raise UsageError(f"--resume: the checkpoint in {ckpt} is of another model than "
                          "--preset/--set describe; use another --out") from None
+    if args.resume and not res.train_losses:
+        print(f"[train] nothing left to train: the last checkpoint in {ckpt} is at step "
+              f"{res.steps}, train.steps is not above it (raise train.steps to go on); its last "
+              "evaluation follows", flush=True)
     print(f"done: {res.steps} steps in {res.train_time_s:.1f}s, final val loss "
           f"{res.final_val_loss:.4f}, best {res.best_val_loss:.4f}")
     return 0 if res.divergence is None else 3
+
+
+def _say_resume_point(ckpt: str) -> None:
+    """One line saying where --resume starts: a restartable job script passes --resume on its
+    first run too, so no checkpoint yet is a fresh start, said so, not an error."""
+    from workloads.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(ckpt)
+    if last is None:
+        print(f"[train] --resume: no checkpoint in {ckpt} yet; starting at step 0", flush=True)
+    else:
+        print(f"[train] --resume: continuing from {last}", flush=True)
 
 
 def add(sub: argparse._SubParsersAction) -> None:

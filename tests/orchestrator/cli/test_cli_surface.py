@@ -131,6 +131,36 @@ def test_train_steps_replace_epochs(capsys, monkeypatch):
     assert out.splitlines()[1].startswith("[train] mlp-mnist: 30 steps")
 
 
+def test_train_resume_says_where_it_starts_and_ends_at_the_last_evaluation(tmp_path, capsys):
+    """--resume: no checkpoint yet is a fresh start said in one line; a checkpoint at
+    train.steps trains nothing and reports its last evaluation (it printed nan); more steps go
+    on from it. A real mlp-debug run (MNIST, offline), a few steps."""
+    base = ["train", "--preset", "mlp-debug", "--set", "train.steps=6", "--set",
+            "train.eval_every=3", "--out", str(tmp_path / "o"), "--resume"]
+    rc, out, err = run_cli(base, capsys)
+    assert rc == 0, err
+    assert "--resume: no checkpoint in" in out and "starting at step 0" in out
+    first = out.splitlines()[-1]
+    assert first.startswith("done: 6 steps") and "nan" not in first
+
+    rc, out, err = run_cli(base, capsys)
+    assert rc == 0, err
+    assert "continuing from" in out and "step-00000006" in out
+    assert "nothing left to train" in out
+    assert out.splitlines()[-1].split(" in ")[0] == first.split(" in ")[0]  # same steps
+    assert out.splitlines()[-1].split("final")[1] == first.split("final")[1]  # same losses
+
+    more = [a if a != "train.steps=6" else "train.steps=9" for a in base]
+    rc, out, err = run_cli(more, capsys)
+    assert rc == 0, err
+    assert "nothing left" not in out and out.splitlines()[-1].startswith("done: 9 steps")
+
+
+def test_train_resume_without_out_is_refused(capsys):
+    rc, _, err = run_cli(["train", "--preset", "mlp-debug", "--resume"], capsys)
+    assert rc == 2 and "--resume needs --out" in err
+
+
 # --- --version, list, help ------------------------------------------------------------------
 def test_version(capsys):
     rc, out, _ = run_cli(["--version"], capsys)
