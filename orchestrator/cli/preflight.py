@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 from orchestrator.cli.errors import UsageError
 
 __all__ = ["check_tracking", "check_writable_dir", "check_mlflow_store", "check_local_resources",
+           "check_model_memory", "spec_model_configs",
            "MLFLOW_SCHEMES", "PARQUET_SCHEMES"]
 
 # MLflow stores we can name; the database ones are checked by MLflow when the sweep starts
@@ -140,3 +141,51 @@ def check_local_resources(spec: Any, address: str | None) -> None:
     if r.custom:
         raise UsageError(f"resources.custom: {', '.join(r.custom)}: a local Ray has no custom "
                          "resources, the trials would wait forever; use --address")
+    check_model_memory(spec_model_configs(spec), where)
+
+
+def _machine_bytes() -> int:
+    """This machine's memory, capped by a cgroup v2 limit."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            total = min(total, int(limit))
+    except (OSError, ValueError):
+        pass
+    return total
+
+
+def check_model_memory(cfgs: Any, where: str = "this machine",
+                       hint: str = " or run on a cluster (--address)") -> None:
+    """A workload whose weights, gradients and optimizer state alone (a lower bound,
+    workloads/model_size.py) exceed the machine's memory would only fail later, out of memory
+    in its trial: refuse it now, naming the model."""
+    from workloads.model_size import approx_params, min_train_bytes
+
+    have = _machine_bytes()
+    for label, cfg in cfgs:
+        need = min_train_bytes(cfg)
+        if need > have:
+            raise UsageError(
+                f"{label}: a model of {approx_params(cfg.model):.3g} parameters needs at "
+                f"least {need / 2**30:.1f} GiB to train (fp32 weights, gradients, optimizer "
+                f"state) but {where} has {have / 2**30:.1f} GiB; check model.* (n_embd, "
+                f"n_layer, width, depth){hint}")
+
+
+def spec_model_configs(spec: Any) -> list[tuple[str, Any]]:
+    """The spec's base workload, and the base with each discrete model.* value of its space
+    (one key at a time: the grid itself is never built)."""
+    from workloads.config import apply_overrides
+
+    base = spec.base_config()
+    out = [(f"workload {spec.workload.preset}", base)]
+    for key, p in spec.space.items():
+        if key.startswith("model.") and p.discrete:
+            for v in p.candidates():
+                try:
+                    out.append((f"space.{key}={v}", apply_overrides(base, {key: v})))
+                except Exception:  # noqa: BLE001 - an invalid value is the spec's own error
+                    continue
+    return out

@@ -38,6 +38,9 @@ def _train_config(args: argparse.Namespace) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = _train_config(args)
+    from orchestrator.cli.preflight import check_model_memory
+
+    check_model_memory([(f"--preset {args.preset}", cfg)], hint="")
     check_corpora([cfg.data.corpus], "")
     from orchestrator.cli.preflight import check_writable_dir
 

@@ -108,6 +108,13 @@ CASES: list[Case] = [
                                    "train.batch_size=100000000000"], 2, r"train.batch_size"),
     Case("train-steps-float", ["train", "--preset", "gpt-debug", "--set", "train.steps=4.5"], 2,
          r"train.steps"),
+    # a model no machine here can hold: refused before Ray (it ran out of memory in the trial)
+    Case("train-model-too-big", ["train", "--preset", "gpt-debug", "--set", "model.n_embd=640000",
+                                 "--set", "model.n_head=1"], 2,
+         r"--preset gpt-debug: a model of 9\.8\de\+12 parameters needs at least .* GiB"),
+    Case("run-space-model-too-big", ["run", "{spec}", *_OUT], 2,
+         r"space\.model\.n_embd=1000000: a model of .* parameters needs at least",
+         spec=spec_with(space="{model.n_embd: {grid: [64, 1000000]}, model.n_head: {grid: [1]}}")),
     Case("run-grid-64M-arms-dry-run", ["run", "{spec}", "--dry-run"], 2, r"64000000 arms",
          spec=spec_with(space=_grid(3, 400))),
     # a local Ray cannot hold the trial: Tune would only warn, forever
