@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> int:
     from cluster.local import RayStartError, shutdown
-    from orchestrator.cli.failures import CURRENT
+    from orchestrator.cli.failures import CURRENT, INTERRUPTED
     from orchestrator.cli.heartbeat import Heartbeat
     from orchestrator.store.lock import lock_sweep
     from orchestrator.sweep.interrupt import SweepInterrupted
@@ -74,6 +75,19 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
         raise UsageError(str(e)) from None
     except KeyboardInterrupt:  # a second Ctrl-C; the parent run is KILLED already
         raise SweepInterrupted(root) from None
+    except SystemExit as e:
+        # SIGTERM before the trials start: ray.init's own handler turns it into
+        # sys.exit(15) (the sweep's handler takes over at Tune's fit). Same ending as a
+        # SIGTERM during the trials; a sweep folder the failed start removed needs a new run.
+        if e.code != signal.SIGTERM:
+            raise
+        from orchestrator.store.lock import LOCK_FILE
+
+        if any(p.name != LOCK_FILE for p in root.iterdir()) if root.is_dir() else False:
+            raise SweepInterrupted(root) from None
+        print("geosweep: error: terminated (SIGTERM) while starting; nothing was written",
+              file=sys.stderr)
+        return INTERRUPTED
     c = result.counts
     summary = ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "no trials"
     if result.interrupted:

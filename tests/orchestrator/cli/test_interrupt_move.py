@@ -106,3 +106,30 @@ def test_ctrl_c_exit_130_then_resume_a_moved_copy(tmp_path: Path):
     s = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(moved)],
                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert s.returncode == 0 and "2 recorded" in s.stdout, s.stdout + s.stderr
+
+
+@pytest.mark.parametrize("written", [False, True])
+def test_sigterm_while_starting_is_an_interrupt_not_exit_15(tmp_path: Path, monkeypatch, capsys,
+                                                            written):
+    """Before Tune's fit, ray.init's own SIGTERM handler makes the driver sys.exit(15): it is
+    ended like a SIGTERM during the trials (130), with the resume line only when the sweep
+    folder holds something to resume (a pure unit test: run_sweep raises what Ray's handler
+    raises)."""
+    import orchestrator.cli as ocli
+    import orchestrator.sweep.tuner as tuner
+
+    def dying(spec, out, **kw):
+        if written:
+            (out / spec.name / "spec.yaml").write_text("name: tiny\n")
+        raise SystemExit(signal.SIGTERM)
+
+    monkeypatch.setattr(tuner, "run_sweep", dying)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    rc = ocli.main(["run", str(spec), "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert rc == 130, err
+    if written:
+        assert f"interrupted; continue with: geosweep resume {tmp_path / 'runs' / 'tiny'}" in err
+    else:
+        assert "terminated (SIGTERM) while starting; nothing was written" in err
