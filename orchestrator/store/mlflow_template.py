@@ -75,8 +75,8 @@ def seed_sqlite_store(db: str | os.PathLike) -> bool:
         db.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=db.name + ".", suffix=".tmp", dir=db.parent)
         os.close(fd)
-    except OSError:  # no writable cache (or a read-only sweep folder): MLflow builds it
-        return False
+    except Exception:  # noqa: BLE001 - no writable cache, a read-only sweep folder, MLflow
+        return False  # failing on the cache's filesystem: it is only a shortcut, MLflow builds it
     try:
         shutil.copyfile(path, tmp)
         _own_default_experiment(tmp)
