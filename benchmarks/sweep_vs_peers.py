@@ -193,6 +193,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 x 5 s and 8 x 1 s, one round")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--arms", default="ideal,optuna,raytune,geosweep")
+    ap.add_argument("--sizes", default="5s,1s", help="which sizes to run (e.g. 1s)")
     ap.add_argument("--warm-ray", action="store_true",
                     help="also time geosweep's first trial with a warm `geosweep ray start`")
     # child-process modes
@@ -213,6 +214,10 @@ def main() -> None:
     os.environ.update({"OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"})
     sps = calibrate()
     sizes = [("5s", 4 if args.quick else 8, 5.0), ("1s", 8 if args.quick else 32, 1.0)]
+    want = args.sizes.split(",")
+    sizes = [s for s in sizes if s[0] in want]
+    if not sizes:
+        raise SystemExit(f"--sizes: none of {want} is one of 5s,1s")
     rounds = args.rounds or (1 if args.quick else 2)
     arms = args.arms.split(",")
     tmp = tempfile.mkdtemp(prefix="geosweep-peers-")

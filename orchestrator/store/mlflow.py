@@ -78,11 +78,6 @@ def _scalar_items(scalars: dict[str, float], step: int) -> list[tuple]:
             if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def _chunks(items: list, n: int):
-    for i in range(0, len(items), n):
-        yield items[i : i + n]
-
-
 class MlflowSink:
     """Parent/child runs of one sweep in one experiment."""
 
@@ -115,6 +110,9 @@ class MlflowSink:
         self._children: dict[str, str] = {}  # trial id -> run id
         self._start_ms: dict[str, int] = {}  # trial id -> child start time (ms)
         self._last_step: dict[tuple[str, str], int] = {}  # (trial, key) -> last logged step
+        # run id -> param keys it holds (this process is the runs' only writer): a param is
+        # logged once, without reading the run back before every batch
+        self._param_keys: dict[str, set[str]] = {}
 
     # --- runs -----------------------------------------------------------------------------
     def _find(self, tags: dict[str, str]) -> str | None:
@@ -129,15 +127,15 @@ class MlflowSink:
         if run_id is None:
             run_id = self.client.create_run(self.experiment_id, tags=ident,
                                             run_name=self.sweep).info.run_id
+            self._param_keys[run_id] = set()
         else:
             self.client.update_run(run_id, status="RUNNING")
         self.parent_id = run_id
-        self._log_params(run_id, params)
         tags = {f"{TAG}{k}": v for k, v in provenance.items() if not isinstance(v, dict)}
         for k, v in provenance.items():
             if isinstance(v, dict):
                 tags.update({f"{TAG}{k}.{kk}": vv for kk, vv in v.items()})
-        self._log_tags(run_id, tags)
+        self._log_batch(run_id, params=params, tags=tags)
         self.client.log_text(run_id, spec_yaml, "spec.yaml")
         self.client.log_dict(run_id, provenance, "provenance.json")
         return run_id
@@ -153,19 +151,21 @@ class MlflowSink:
         else:
             ident = {f"{TAG}sweep": self.sweep, f"{TAG}trial_id": trial_id}
             run_id = self._find(ident)
-            if run_id is None:
+            if run_id is None:  # created RUNNING, with no params yet
                 run = self.client.create_run(
                     self.experiment_id, run_name=name or trial_id,
                     tags={**ident, f"{TAG}role": "child", "mlflow.parentRunId": self.parent_id},
                 )
                 run_id = run.info.run_id
                 self._start_ms[trial_id] = run.info.start_time
-            else:
-                self._reload_child(trial_id, run_id)
+                self._param_keys[run_id] = set()
+                self._children[trial_id] = run_id
+                self._log_batch(run_id, params=params, tags=tags or {})  # one transaction
+                return run_id
+            self._reload_child(trial_id, run_id)
             self._children[trial_id] = run_id
         self.client.update_run(run_id, status="RUNNING")
-        self._log_params(run_id, params)
-        self._log_tags(run_id, tags or {})
+        self._log_batch(run_id, params=params, tags=tags or {})
         return run_id
 
     def _reload_child(self, trial_id: str, run_id: str) -> None:
@@ -228,13 +228,15 @@ class MlflowSink:
         return self._log_metrics(trial_id, _scalar_items(scalars, step))
 
     def log_result(self, trial_id: str, points: list[dict],
-                   scalars_at: list[tuple[dict[str, float], int]]) -> int:
+                   scalars_at: list[tuple[dict[str, float], int]],
+                   params: dict | None = None, tags: dict | None = None) -> int:
         """``log_curve(points)`` then ``log_scalars`` of each ``(scalars, step)``, in that order
-        and with the same at-most-once rule, as ONE ``log_batch`` (one sqlite transaction
-        instead of one per call: most of the writer's time per result was these commits)."""
+        and with the same at-most-once rule, and ``log_params(params)`` / ``set_tags(tags)``,
+        as ONE ``log_batch`` (one sqlite transaction instead of one per call: most of the
+        writer's time per result was these commits). Returns the number of points logged."""
         groups = [self._curve_items(trial_id, points)]
         groups += [_scalar_items(sc, step) for sc, step in scalars_at]
-        return self._log_metrics(trial_id, *groups)
+        return self._log_metrics(trial_id, *groups, params=params or {}, tags=tags or {})
 
     def _curve_items(self, trial_id: str, points: list[dict]) -> list[tuple]:
         t0 = self._start_ms.get(trial_id, int(time.time() * 1000))
@@ -254,8 +256,10 @@ class MlflowSink:
         """A local file or folder as an artifact of the parent run."""
         self.client.log_artifact(self._run(None), path, artifact_path)
 
-    def _log_metrics(self, trial_id: str | None, *groups: list[tuple]) -> int:
-        """Each group sorted by step, groups in order; every kept point in one batch."""
+    def _log_metrics(self, trial_id: str | None, *groups: list[tuple],
+                     params: dict | None = None, tags: dict | None = None) -> int:
+        """Each group sorted by step, groups in order; every kept point in one batch (with
+        ``params`` and ``tags``, when given)."""
         run_id = self._run(trial_id)
         now = int(time.time() * 1000)
         batch = []
@@ -266,8 +270,7 @@ class MlflowSink:
                     continue  # at most once per step (resume, repeated final report)
                 self._last_step[(trial_id, key)] = step
                 batch.append(Metric(key, value, ts if ts is not None else now, step))
-        for chunk in _chunks(batch, _MAX_METRICS):
-            self.client.log_batch(run_id, metrics=chunk)
+        self._log_batch(run_id, batch, params or {}, tags or {})
         return len(batch)
 
     def log_params(self, trial_id: str | None, params: dict) -> None:
@@ -275,14 +278,27 @@ class MlflowSink:
         self._log_params(self._run(trial_id), params)
 
     def _log_params(self, run_id: str, params: dict) -> None:
-        # params are immutable in MLflow: on a resumed run log only the new ones
-        have = self.client.get_run(run_id).data.params
-        flat = {k: v for k, v in flatten_params(params).items() if k not in have}
-        for chunk in _chunks([Param(k, v) for k, v in flat.items()], _MAX_PARAMS_TAGS):
-            self.client.log_batch(run_id, params=chunk)
+        self._log_batch(run_id, params=params)
 
     def _log_tags(self, run_id: str, tags: dict) -> None:
-        items = [RunTag(_key(k), _text(v)[:_MAX_TAG_LEN]) for k, v in tags.items()
-                 if v is not None]
-        for chunk in _chunks(items, _MAX_PARAMS_TAGS):
-            self.client.log_batch(run_id, tags=chunk)
+        self._log_batch(run_id, tags=tags)
+
+    def _log_batch(self, run_id: str, metrics: list[Metric] = (), params: dict | None = None,
+                   tags: dict | None = None) -> None:
+        """Metrics, new params and tags of one run in as few ``log_batch`` calls (sqlite
+        transactions) as MLflow's per-call limits allow; nothing to log: no call."""
+        have = self._param_keys.get(run_id)
+        if have is None and params:  # a run found again: the params it already holds
+            have = self._param_keys[run_id] = set(self.client.get_run(run_id).data.params)
+        # params are immutable in MLflow: on a resumed run log only the new ones
+        flat = {k: v for k, v in flatten_params(params or {}).items() if k not in (have or ())}
+        ps = [Param(k, v) for k, v in flat.items()]
+        ts = [RunTag(_key(k), _text(v)[:_MAX_TAG_LEN]) for k, v in (tags or {}).items()
+              if v is not None]
+        ms = list(metrics)
+        while ms or ps or ts:
+            self.client.log_batch(run_id, metrics=ms[:_MAX_METRICS],
+                                  params=ps[:_MAX_PARAMS_TAGS], tags=ts[:_MAX_PARAMS_TAGS])
+            ms, ps, ts = ms[_MAX_METRICS:], ps[_MAX_PARAMS_TAGS:], ts[_MAX_PARAMS_TAGS:]
+        if flat:
+            self._param_keys.setdefault(run_id, set()).update(flat)

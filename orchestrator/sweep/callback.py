@@ -66,6 +66,16 @@ def _scalars(result: dict) -> dict[str, float]:
             and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _config_of(result: dict) -> dict[str, Any]:
+    """The whole resolved workload config of a trial's first report (dotted keys), sent as
+    JSON text so that Tune keeps no per-key statistics of it (orchestrator/sweep/worker.py);
+    a dict is read as well."""
+    cfg = result.get("_config")
+    if isinstance(cfg, str):
+        return json.loads(cfg)
+    return dict(cfg or {})
+
+
 def _error_text(trial: Any) -> str:
     """Last line of Tune's error file for the trial (the exception), if any."""
     path = getattr(trial, "error_file", None)
@@ -261,9 +271,6 @@ class SinkCallback(Callback):
     def _do_trial_result(self, trial: Any, result: dict) -> None:
         tid = trial.trial_id
         rec = self._record(trial)
-        if result.get("_config") and self.mlflow is not None:
-            # the whole resolved workload config, dotted keys (first report of a trial only)
-            self.mlflow.log_params(tid, result["_config"])
         curve, rows = result.get("_curve") or [], result.get("_rows") or []
         self._update(rec, result, curve)
         # The curve has the train loss of every step since the last report, so its first step
@@ -282,9 +289,13 @@ class SinkCallback(Callback):
         if self.mlflow is not None:
             step = int(result.get("step", rec.get("last_step") or 0))
             # rows live in Parquet only: their summaries are reported scalars (``cont/*``), so
-            # MLflow and Parquet ``trials/`` share one vocabulary (docs/metrics.md §N)
-            self.mlflow.log_result(tid, curve, [(_scalars(result), step)])  # one transaction
-            self._set_tags(tid, self._tags(rec))
+            # MLflow and Parquet ``trials/`` share one vocabulary (docs/metrics.md §N). The
+            # points, the whole resolved config (first report of a trial only) and the tags
+            # that changed: one transaction.
+            tags = self._new_tags(tid, self._tags(rec))
+            self.mlflow.log_result(tid, curve, [(_scalars(result), step)],
+                                   params=_config_of(result), tags=tags)
+            self._tagged[tid].update(tags)
         self._write(rec)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
@@ -393,10 +404,8 @@ class SinkCallback(Callback):
             tags[f"{TAG}divergence.detail"] = rec.get("divergence_detail")
         return {k: v for k, v in tags.items() if v is not None}
 
-    def _set_tags(self, tid: str, tags: dict[str, Any]) -> None:
-        """Only the tags that changed since the last call (one log_batch less per result)."""
+    def _new_tags(self, tid: str, tags: dict[str, Any]) -> dict[str, Any]:
+        """Only the tags that changed since the last result (the caller logs them, then adds
+        them to ``_tagged``)."""
         done = self._tagged.setdefault(tid, {})
-        new = {k: v for k, v in tags.items() if done.get(k) != v}
-        if new:
-            self.mlflow.set_tags(tid, new)
-            done.update(new)
+        return {k: v for k, v in tags.items() if done.get(k) != v}

@@ -48,12 +48,32 @@ def study_state(result: dict[str, Any] | None, error: bool) -> tuple[TrialState,
 
 
 class ResumableOptunaSearch(OptunaSearch):
+    # ``_live``: trials this searcher saw unfinished in the study. Only its own ``tell``
+    # finishes them (one driver per sweep), so the study is read once per trial, not once
+    # per result (an RDB query on Tune's event loop). Never saved with the searcher: a
+    # resumed driver reads the study again.
+    _LIVE = "_live"
+
     def _finished(self, trial_id: str) -> bool:
+        live = self.__dict__.setdefault(self._LIVE, set())
+        if trial_id in live:
+            return False
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is None:
             return False
         frozen = self._ot_study._storage.get_trial(ot_trial._trial_id)
-        return frozen.state.is_finished()
+        if frozen.state.is_finished():
+            return True
+        live.add(trial_id)
+        return False
+
+    def save(self, checkpoint_path: str) -> None:
+        live = self.__dict__.pop(self._LIVE, None)
+        try:
+            super().save(checkpoint_path)
+        finally:
+            if live is not None:
+                self.__dict__[self._LIVE] = live
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if self._finished(trial_id):
@@ -69,6 +89,7 @@ class ResumableOptunaSearch(OptunaSearch):
         if self._finished(trial_id):  # a resumed driver: the study already holds it
             self._completed_trials.add(trial_id)
             return
+        self.__dict__.get(self._LIVE, set()).discard(trial_id)  # told below: finished
         ot_trial = self._ot_trials[trial_id]
         state, diverged = study_state(result, error)
         value = (result or {}).get(self.metric)

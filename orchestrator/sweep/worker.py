@@ -7,6 +7,7 @@ over all ranks) or directly inside the Tune trial (``ray.tune.report``). The loo
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -101,18 +102,44 @@ def train_worker(config: dict[str, Any]) -> None:
         payload = make_payload(rep, ctx, metric, state["initial_loss"], rules, timing,
                                worst_loss=monitor.worst_loss)
         if first and rank == 0:
-            payload["_config"] = {k: _plain(v) for k, v in flatten(cfg).items()}
+            # as JSON text: Tune would keep min/max/avg and the last values of every numeric
+            # key of a dict in its state of the trial (~50 keys), saved with the experiment
+            payload["_config"] = json.dumps({k: _plain(v) for k, v in flatten(cfg).items()})
         ckpt = None
         if rep.checkpoint and rank == 0:
-            ckpt = Checkpoint.from_directory(os.path.dirname(rep.checkpoint))
-        report_fn(payload, checkpoint=ckpt)
+            ckpt = Checkpoint.from_directory(_staged(rep.checkpoint, stages))
+        report_fn(payload, checkpoint=ckpt)  # persisted before it returns (sync upload)
+        while len(stages) > 1:  # the last one stays until the next report (belt and braces)
+            shutil.rmtree(stages.pop(0), ignore_errors=True)
 
     from workloads.train import run
 
+    stages: list[str] = []
     try:
         run(cfg, report=report, monitor=monitor, checkpoint_dir=ckpt_dir, resume=resume)
     finally:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        for d in [ckpt_dir, *stages]:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _staged(step_dir: str, stages: list[str]) -> str:
+    """A new folder holding only ``step_dir`` (``step-<08d>/``, hard links: no bytes copied),
+    for Ray to persist. The checkpoint folder itself also keeps the step before it
+    (workloads/checkpoint.py), which Ray would otherwise copy with every checkpoint: twice the
+    bytes written per report and held per kept checkpoint. A restore copies the persisted
+    folder back into the checkpoint folder, whose latest step it then resumes from, as before."""
+    stage = tempfile.mkdtemp(prefix="geosweep-report-")
+    stages.append(stage)
+    shutil.copytree(step_dir, os.path.join(stage, os.path.basename(step_dir)),
+                    copy_function=_link_or_copy)
+    return stage
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # a file system without hard links (or across devices)
+        shutil.copy2(src, dst)
 
 
 def _plain(v: Any) -> Any:

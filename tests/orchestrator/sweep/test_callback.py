@@ -402,3 +402,55 @@ def test_mlflow_store_that_fails_stops_the_sweep_and_keeps_parquet(tmp_path):
         cb.on_trial_result(0, [], t, _payload(t, 11, 20))
     assert len(read_curves(str(tmp_path), sweep="s")) == 10 + 1  # 10 train + 1 val point
     assert list(read_trials(str(tmp_path), sweep="s").last_step) == [10]
+
+
+@pytest.mark.parametrize("as_text", [True, False])
+def test_result_is_one_mlflow_transaction_with_config_params_and_changed_tags(sinks,
+                                                                              monkeypatch,
+                                                                              as_text):
+    """A result's points, the resolved config of the first report (JSON text, as the worker
+    sends it so that Tune keeps no statistics of its keys; a dict is read too) and the tags
+    that changed: one log_batch; a trial's start: create_run and one log_batch."""
+    import json
+
+    ml, pq, parent, uri, root = sinks
+    calls = []
+    real_batch, real_create = ml.client.log_batch, ml.client.create_run
+
+    def batch(run_id, metrics=(), params=(), tags=()):
+        calls.append(("batch", len(metrics), len(params), len(tags)))
+        return real_batch(run_id, metrics=metrics, params=params, tags=tags)
+
+    def create(*a, **k):
+        calls.append(("create",))
+        return real_create(*a, **k)
+
+    monkeypatch.setattr(ml.client, "log_batch", batch)
+    monkeypatch.setattr(ml.client, "create_run", create)
+    monkeypatch.setattr(ml.client, "get_run", lambda *a, **k: pytest.fail("read back"))
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
+    t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    assert [c[0] for c in calls] == ["create", "batch"]
+    calls.clear()
+    config = {f"k{i}": i for i in range(150)}  # more than one batch's 100 params
+    first = _payload(t, 1, 10)
+    first["_config"] = json.dumps(config) if as_text else config
+    cb.on_trial_result(0, [], t, first)
+    assert [c[0] for c in calls] == ["batch", "batch"]
+    assert sum(c[2] for c in calls) == 150 and calls[0][1] == 11  # 10 train + 1 val
+    calls.clear()
+    cb.on_trial_result(0, [], t, _payload(t, 11, 20))
+    assert len(calls) == 1 and calls[0][2] == 0  # no params again, no unchanged tag
+    calls.clear()
+    cb.on_trial_result(0, [], t, _payload(t, 21, 30, status="completed"))
+    assert len(calls) == 1 and calls[0][3] == 1  # the status tag changed
+    cb.on_trial_complete(0, [], t)
+    monkeypatch.undo()
+    run = MlflowClient(uri).get_run(ml.run_id("t1"))
+    assert {k: run.data.params[k] for k in config} == {k: str(v) for k, v in config.items()}
+    assert run.data.params["optim.lr"] == "0.001"
+    assert run.data.tags["geosweep.status"] == "completed"
+    assert run.info.status == "FINISHED"
+    hist = MlflowClient(uri).get_metric_history(ml.run_id("t1"), "Loss/train")
+    assert sorted(m.step for m in hist) == list(range(1, 31))
