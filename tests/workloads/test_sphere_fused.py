@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from sphere_cases import check_degenerate_update, inputs
 
 from workloads.geometry.sphere import TAU, sphere_coefficients, sphere_step
 from workloads.geometry.sphere_fused import coefficient_derivatives, sphere_step_eager
@@ -15,12 +16,8 @@ from workloads.geometry.sphere_fused import coefficient_derivatives, sphere_step
 PS = [0.5, 1.0, 2.0, 3.0, 3.7, 8.0, math.inf]
 
 
-def _inputs(scale: float, seed: int = 0, shape=(2, 3, 8), dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(True)
-    u = (scale * torch.randn(*shape, generator=g, dtype=dtype)).requires_grad_(True)
-    a = torch.tensor(0.7, dtype=dtype, requires_grad=True)
-    return h, u, a
+def _inputs(scale, seed=0, shape=(2, 3, 8), dtype=torch.float64):
+    return inputs(scale, seed, shape, dtype)
 
 
 def _grads(fn, h, u, a, p, seed=1):
@@ -83,14 +80,7 @@ def test_coefficient_derivatives_match_autograd(p):
 @pytest.mark.parametrize("p", [1.0, 2.0, math.inf])
 @pytest.mark.parametrize("case", ["parallel", "zero"])
 def test_degenerate_updates_give_h_and_finite_grads(p, case):
-    h = torch.randn(3, 5, 32, requires_grad=True)
-    u = (2.5 * h.detach() if case == "parallel" else torch.zeros(3, 5, 32)).requires_grad_(True)
-    a = torch.tensor(0.7, requires_grad=True)
-    out, _ = sphere_step_eager(h, u, a, p)
-    assert torch.allclose(out, h, atol=1e-5)
-    (out * torch.randn_like(out)).sum().backward()
-    for t in (h, u, a):
-        assert torch.isfinite(t.grad).all()
+    check_degenerate_update(sphere_step_eager, p, case)
 
 
 def test_bf16_autocast_fp32_inside_and_dtypes_kept():

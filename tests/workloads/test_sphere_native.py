@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from sphere_cases import check_degenerate_update, inputs
 
 from workloads.geometry import sphere_native
 from workloads.geometry.sphere import sphere_step
@@ -42,11 +43,7 @@ def _fresh(monkeypatch, mode):
 
 
 def _inputs(scale, seed=0, shape=(2, 3, 13), dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(True)
-    u = (scale * torch.randn(*shape, generator=g, dtype=dtype)).requires_grad_(True)
-    a = torch.tensor(0.7, dtype=dtype, requires_grad=True)
-    return h, u, a
+    return inputs(scale, seed, shape, dtype)
 
 
 def _grads(fn, h, u, a, seed=1, with_b=True):
@@ -132,14 +129,7 @@ def test_fp32_and_bf16_inputs(native, p):
 @pytest.mark.parametrize("p", [1.0, 2.0, 3.7, math.inf])
 @pytest.mark.parametrize("case", ["parallel", "zero"])
 def test_degenerate_updates_give_h_and_finite_grads(native, case, p):
-    h = torch.randn(3, 5, 32, requires_grad=True)
-    u = (2.5 * h.detach() if case == "parallel" else torch.zeros(3, 5, 32)).requires_grad_(True)
-    a = torch.tensor(0.7, requires_grad=True)
-    out, _ = native(h, u, a, p)
-    assert torch.allclose(out, h, atol=1e-5)
-    (out * torch.randn_like(out)).sum().backward()
-    for t in (h, u, a):
-        assert torch.isfinite(t.grad).all()
+    check_degenerate_update(native, p, case)
 
 
 def test_non_contiguous_inputs_partial_grads_and_no_grad_modes(native):
