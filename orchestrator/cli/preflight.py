@@ -13,8 +13,8 @@ from urllib.parse import urlparse
 
 from orchestrator.cli.errors import UsageError
 
-__all__ = ["check_tracking", "check_writable_dir", "check_mlflow_store", "check_local_resources",
-           "check_model_memory", "spec_model_configs",
+__all__ = ["check_tracking", "check_writable_dir", "check_cache_dir", "check_mlflow_store",
+           "check_local_resources", "check_model_memory", "spec_model_configs",
            "MLFLOW_SCHEMES", "PARQUET_SCHEMES"]
 
 # MLflow stores we can name; the database ones are checked by MLflow when the sweep starts
@@ -91,7 +91,13 @@ def check_tracking(spec: Any, root: Path) -> None:
     """The spec's MLflow URI, Parquet root and token cache, before Ray starts."""
     _check_mlflow(spec.tracking.mlflow_uri, root)
     _check_parquet(spec.tracking.parquet_root)
-    cache = spec.base_config().data.cache_dir or os.environ.get("GEOSWEEP_CACHE")
+    check_cache_dir(spec.base_config())
+
+
+def check_cache_dir(cfg: Any) -> None:
+    """The token cache (``data.cache_dir``, else ``$GEOSWEEP_CACHE``) is written at the first
+    run of a corpus: it must be writable before anything starts."""
+    cache = cfg.data.cache_dir or os.environ.get("GEOSWEEP_CACHE")
     if cache:
         check_writable_dir(cache, "data.cache_dir")
 
@@ -141,7 +147,7 @@ def check_local_resources(spec: Any, address: str | None) -> None:
     if r.custom:
         raise UsageError(f"resources.custom: {', '.join(r.custom)}: a local Ray has no custom "
                          "resources, the trials would wait forever; use --address")
-    check_model_memory(spec_model_configs(spec), where)
+    check_model_memory(spec_model_configs(spec))  # a warm Ray's memory is this machine's
 
 
 def _machine_bytes() -> int:

@@ -83,7 +83,7 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
             raise
         from orchestrator.store.lock import LOCK_FILE
 
-        if any(p.name != LOCK_FILE for p in root.iterdir()) if root.is_dir() else False:
+        if root.is_dir() and any(p.name != LOCK_FILE for p in root.iterdir()):
             raise SweepInterrupted(root) from None
         print("geosweep: error: terminated (SIGTERM) while starting; nothing was written",
               file=sys.stderr)

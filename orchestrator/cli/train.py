@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +37,15 @@ def _train_config(args: argparse.Namespace) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = _train_config(args)
-    from orchestrator.cli.preflight import check_model_memory
+    from orchestrator.cli.preflight import check_cache_dir, check_model_memory, check_writable_dir
 
     check_model_memory([(f"--preset {args.preset}", cfg)], hint="")
     check_corpora([cfg.data.corpus], "")
-    from orchestrator.cli.preflight import check_writable_dir
-
     if args.resume and not args.out:
         raise UsageError("--resume needs --out: the folder whose last checkpoint to continue from")
     if args.out:
         check_writable_dir(args.out, "--out")
-    cache = cfg.data.cache_dir or os.environ.get("GEOSWEEP_CACHE")
-    if cache:  # the token cache is written at the first run of a corpus
-        check_writable_dir(cache, "data.cache_dir")
+    check_cache_dir(cfg)
     if cfg.train.device.startswith("cuda"):
         import torch
 
