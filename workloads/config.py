@@ -192,6 +192,9 @@ class MetricsConfig:
     # and every metrics step: one forward/backward and one batched SVD each; 0 turns it off
     grad_probes: int = 0
     instability: bool = True
+    # the all-ones-blind M1 (wc.*, and gpc.* with grad_probes): top vectors of the doubly
+    # centred matrices, one more batched SVD per role (docs/science.md §4.5); off by default
+    centred: bool = False
 
 
 @dataclass

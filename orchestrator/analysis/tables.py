@@ -144,12 +144,14 @@ def metric_table(data: SweepData, patterns: tuple[str, ...],
     per = m.groupby(["trial", "metric", "module"], as_index=False).agg(
         value=("value", "mean"), step=("step", "max"))
     per = per.merge(data.trials[["trial", "arm"]], on="trial")
-    gap = _small_gap_share(data.metrics, done, cfg.min_gap)
+    gaps = {src: _small_gap_share(data.metrics, done, cfg.min_gap, f"{src}.s1_s2")
+            for src in ("w", "wc")}
     rows = []
     for (arm, metric, module), g in per.groupby(["arm", "metric", "module"], sort=False):
         mean, lo, hi = t_interval(g["value"], cfg.conf)
         share = float("nan")
-        if metric.startswith("w.top1_"):
+        if metric.startswith(("w.top1_", "wc.top1_")):
+            gap = gaps[metric.split(".")[0]]
             share = float(np.nanmean([gap.get((t, module), np.nan) for t in g["trial"]]
                                      or [np.nan]))
         rows.append([arm, metric, module, int(g["step"].max()), len(g), mean, lo, hi, share])
@@ -159,21 +161,34 @@ def metric_table(data: SweepData, patterns: tuple[str, ...],
                            if s.name == "arm" else s, kind="stable").reset_index(drop=True)
 
 
-def _small_gap_share(metrics: pd.DataFrame, trials: pd.Series,
-                     min_gap: float) -> dict[tuple[str, str], float]:
-    """(trial, module) -> share of its matrices whose last logged s1/s2 is below ``min_gap``.
+def _small_gap_share(metrics: pd.DataFrame, trials: pd.Series, min_gap: float,
+                     gap_metric: str = "w.s1_s2", at: str = "last"
+                     ) -> dict[tuple[str, str], float]:
+    """(trial, module) -> share of its matrices whose s1/s2 (``gap_metric``) at its last
+    (``at="last"``) or first logged step is below ``min_gap``.
 
     docs/science.md §4.3 (M2): with s1/s2 < 1.05 the top singular vector is ill-defined
     (a Stiefel matrix has s1/s2 = 1 exactly), so its top-1 continuity says nothing; read the
     top-k subspace."""
     if metrics.empty:
         return {}
-    g = metrics[(metrics["metric"] == "w.s1_s2") & metrics["trial"].isin(trials)]
+    g = metrics[(metrics["metric"] == gap_metric) & metrics["trial"].isin(trials)]
     if g.empty:
         return {}
-    g = g[g["step"] == g.groupby("trial")["step"].transform("max")]
+    pick = "max" if at == "last" else "min"
+    g = g[g["step"] == g.groupby("trial")["step"].transform(pick)]
     share = (g["value"] < min_gap).groupby([g["trial"], g["module"]]).mean()
     return {k: float(v) for k, v in share.items()}
+
+
+def gap_source(metric: str) -> tuple[str, str]:
+    """(s1/s2 row name, "first" | "last") that says whether ``metric``'s top-1 vectors are
+    well defined: the same matrices (weights, probe gradients, centred or not), at step 0 for
+    a ``cont0/`` summary and at the end otherwise."""
+    grad = "grad_" in metric or metric.startswith(("gp.", "gpc."))
+    centred = "ctop1" in metric or metric.startswith(("wc.", "gpc."))
+    name = ("gpc" if centred else "gp") if grad else ("wc" if centred else "w")
+    return f"{name}.s1_s2", "first" if metric.startswith("cont0/") else "last"
 
 
 # --- markdown ------------------------------------------------------------------------------

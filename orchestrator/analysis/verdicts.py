@@ -31,7 +31,7 @@ from scipy import stats as st
 
 from orchestrator.analysis.load import ReportConfig, SweepData
 from orchestrator.analysis.stats import mde, pooled_sd
-from orchestrator.analysis.tables import _md_table, _small_gap_share
+from orchestrator.analysis.tables import _md_table, _small_gap_share, gap_source
 from orchestrator.sweep.claims import Claim
 from orchestrator.sweep.params import ident
 
@@ -198,7 +198,7 @@ def _control_reasons(claim: Claim, t: pd.DataFrame, metrics: pd.DataFrame | None
                            f"{per_arm.columns[j]} in {per_arm.index[i]})")
     if "small_gap" in claim.controls:
         gap = _small_gap_share(metrics if metrics is not None else pd.DataFrame(),
-                               t["trial"], min_gap)
+                               t["trial"], min_gap, *gap_source(claim.metric))
         share = float(np.mean(list(gap.values()))) if gap else NAN
         row["small_gap"] = share
         if not math.isfinite(share):

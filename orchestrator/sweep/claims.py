@@ -10,11 +10,15 @@ Controls (docs/science.md §4.5 and §4.3 M2):
 - ``first_loss``: every trial's first loss (``cont0/probe_loss``, else ``train/initial_loss``)
   within ``first_loss_tol`` (relative) of ln(``n_classes``); far above it the init, not the
   learning, sets every weight metric.
-- ``small_gap``: most matrices with s1/s2 < 1.05 make top-1 singular vectors ill-defined.
+- ``small_gap``: most matrices with s1/s2 < 1.05 make top-1 singular vectors ill-defined. The
+  gap is the one of the claim's matrices: ``w.s1_s2`` for weight metrics, ``gp.s1_s2`` for
+  gradient ones, ``wc.s1_s2`` / ``gpc.s1_s2`` for the centred (``ctop1``) ones; at step 0 for a
+  ``cont0/`` metric, else at each trial's last metrics step.
 - ``ones``: the all-ones control above ``ones_max`` means top vectors lean to the all-ones
   direction (non-negative inputs), not continuity. It is the control of the claim's metric:
   the same time (``cont0/`` at step 0, ``cont/`` at the end) and vectors (``grad_ones_*`` for
-  gradient metrics, ``ones_*`` for weights), worst side and arm.
+  gradient metrics, ``ones_*`` for weights), worst side and arm. The centred metrics
+  (``*ctop1*``, workloads/metrics/centred.py) are blind to that direction and refuse it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,10 @@ class Claim(BaseModel):
                              "space key and value")
         if self.arm == self.baseline:
             raise ValueError(f"{self.id}: arm and baseline pick the same arm")
+        if "ones" in self.controls and "ctop1" in self.metric:
+            raise ValueError(f"{self.id}: {self.metric} is the all-ones-blind metric (its "
+                             "vectors are orthogonal to all-ones by construction): drop the "
+                             "'ones' control")
         if "first_loss" in self.controls and self.n_classes is None:
             raise ValueError(f"{self.id}: the first_loss control needs n_classes "
                              "(10 for MNIST, the vocabulary size for a GPT)")

@@ -24,6 +24,9 @@ Row names (``metric``); pair rows have ``next_layer = layer + 1``, per-layer row
 - ``{w|gp}.dist_top1_{v|u}`` M1 at layer distance d in 1, 2, 5, 10 (``next_layer = layer + d``;
   d = 1 repeats ``top1``): real continuity decays with d. ``{w|gp}.ones_{v|u}`` (per layer)
   |cos| of the top vector with the all-ones direction, the NoRes artefact control (§4.5).
+- ``wc.*`` / ``gpc.*`` (``metrics.centred``): the same M1 rows (``top1``, ``dist_top1``,
+  ``s1_s2``) on the doubly centred weights / probe gradients, blind to the all-ones direction
+  (workloads/metrics/centred.py).
 - ``w.self_{v|u}`` M7 |cos| of a layer's top vector with its own at the previous collect;
   ``w.self0_{v|u}`` the same against init. All |cos| rows share ``base.top1``'s baseline.
 - ``act.stream_norm`` (module "", layer l = 0..depth: mean ||h_l|| on the probe batch) and
@@ -47,6 +50,7 @@ from torch import Tensor, nn
 from workloads.metrics import continuity as C
 from workloads.metrics import instability as I
 from workloads.metrics import probe as P
+from workloads.metrics.centred import centred_rows
 from workloads.metrics.collect_groups import STACKED_ROLES, _build_groups, _Group
 from workloads.metrics.collect_inst import instability_rows
 from workloads.metrics.summary import RESIDUAL_SIDES, summarize
@@ -82,6 +86,7 @@ class MetricsCollector:
         self.groups = [g for g in _build_groups(self.roles) if len(g.params) > 0]
         self.coherence = bool(getattr(metrics_cfg, "coherence", True))
         self.instability = bool(getattr(metrics_cfg, "instability", True))
+        self.centred = bool(getattr(metrics_cfg, "centred", False))
         self.topk = sorted({int(k) for k in getattr(metrics_cfg, "topk", [1, 4, 16]) if k >= 1})
         with torch.no_grad():
             self.W0 = {g.label: g.weights() for g in self.groups}
@@ -233,6 +238,10 @@ class MetricsCollector:
                 self._weight_rows(g, W, U, S, V, out)
             if src == "dw":
                 layer("w.rel_change_spec", S[:, 0] / self.sigma0[g.label])
+        if self.centred:
+            out += centred_rows("wc", g.label, g.layers, W, exact, self.warm, self._gen,
+                                30 if exact or f"wc.{g.label}" not in self.warm
+                                else self.warm_iters)
         if pairs:
             out.extend((name, g.label, lay, True, v)
                        for name, v in _baselines(len(pairs), ks, m, n))
@@ -295,6 +304,8 @@ class MetricsCollector:
                                      {"v": V[..., 0], "u": U[..., 0]}, adjacent=True))
             out.append(("gp.s1_s2", g.label, list(g.layers), False,
                         (S[..., 0] / S[..., 1].clamp_min(1e-30)).mean(0)))
+            if self.centred:
+                out += centred_rows("gpc", g.label, g.layers, G, exact, self.warm, self._gen)
 
     def _stream(self, out: list) -> None:
         """act.stream_norm / act.stream_growth on the probe batch (models with stream_norms)."""

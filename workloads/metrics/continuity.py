@@ -16,6 +16,7 @@ __all__ = [
     "as_float",
     "top_singular",
     "top1_continuity",
+    "center_both",
     "subspace_overlap",
     "gram_alignment",
     "gram_alignment_adjacent",
@@ -56,6 +57,22 @@ def top1_continuity(V_a: torch.Tensor, V_b: torch.Tensor) -> torch.Tensor:
     V_a, V_b = as_float(V_a), as_float(V_b)
     num = (V_a * V_b).sum(-1).abs()
     return num / (V_a.norm(dim=-1) * V_b.norm(dim=-1)).clamp_min(_EPS)
+
+
+@torch.no_grad()
+def center_both(W: torch.Tensor) -> torch.Tensor:
+    """P_m W P_n for a stack (..., m, n), P = I - 11^T / dim: the all-ones direction removed
+    from both sides (docs/science.md §4.5, the all-ones-blind M1 [DESIGN]).
+
+    Its singular vectors are orthogonal to the all-ones vector on each side (or it is the zero
+    matrix), so a shared non-negative mean direction (ReLU outputs) cannot make two layers'
+    top vectors agree. Equal to double centring: subtract row and column means, add back the
+    grand mean.
+    """
+    W = as_float(W)
+    r = W.mean(-1, keepdim=True)  # (..., m, 1) row means
+    c = W.mean(-2, keepdim=True)  # (..., 1, n) column means
+    return W - r - c + W.mean((-2, -1), keepdim=True)
 
 
 @torch.no_grad()

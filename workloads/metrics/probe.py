@@ -67,10 +67,11 @@ def probe_gradients(model: nn.Module, params: Sequence[nn.Parameter],
 
 @torch.no_grad()
 def vector_rows(src: str, module: str, layers: Sequence[int], vecs: dict[str, Tensor],
-                adjacent: bool) -> list[Out]:
+                adjacent: bool, ones: bool = True) -> list[Out]:
     """Rows from top-1 vectors ``vecs[side]`` of shape (P, L, dim), side in v, u.
 
-    ``adjacent`` adds ``{src}.top1_{side}`` (M1 at d = 1; the weight rows already have it).
+    ``adjacent`` adds ``{src}.top1_{side}`` (M1 at d = 1; the weight rows already have it);
+    ``ones`` the all-ones control (off for vectors that are orthogonal to it by construction).
     """
     out: list[Out] = []
     for side, Y in vecs.items():
@@ -84,5 +85,7 @@ def vector_rows(src: str, module: str, layers: Sequence[int], vecs: dict[str, Te
             if a:
                 out.append((f"{src}.dist_top1_{side}", module, [layers[i] for i in a], d,
                             C.top1_continuity(Y[:, a], Y[:, b]).mean(0)))
-        out.append((f"{src}.ones_{side}", module, list(layers), 0, ones_alignment(Y).mean(0)))
+        if ones:
+            out.append((f"{src}.ones_{side}", module, list(layers), 0,
+                        ones_alignment(Y).mean(0)))
     return out

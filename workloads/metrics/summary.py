@@ -6,6 +6,9 @@ Every key is a mean over the rows named in its line (empty means are dropped):
 - ``grad_resid_top1_mean`` / ``grad_ctrl_top1_mean`` / ``grad_resid_top1_d{d}_mean``: the same
   for gp.* (gradient continuity on the probe batches).
 - ``ones_{v|u}_mean``, ``grad_ones_{v|u}_mean``: w.ones / gp.ones over every tracked matrix.
+- ``resid_ctop1_mean`` / ``ctrl_ctop1_mean`` / ``resid_ctop1_d{d}_mean`` and
+  ``grad_resid_ctop1_mean`` / ``grad_ctrl_ctop1_mean``: the all-ones-blind versions (wc.*,
+  gpc.*; ``metrics.centred``).
 - ``self_resid_mean``, ``self0_resid_mean``: M7 (w.self / w.self0), residual side.
 - ``grad_coherence_mean`` (g.coh_mean), ``cgrad_coherence_mean`` (cg.coh), ``rel_change_mean``.
 - model-wide: ``stream_growth`` (act.stream_growth), ``probe_loss`` (gp.loss).
@@ -44,6 +47,12 @@ def summarize(rows: list[dict], step: int) -> dict[str, float]:
             key = "resid_top1_mean" if resid else "ctrl_mean"
         elif name in ("gp.top1_v", "gp.top1_u"):
             key = "grad_resid_top1_mean" if resid else "grad_ctrl_top1_mean"
+        elif name in ("wc.top1_v", "wc.top1_u"):
+            key = "resid_ctop1_mean" if resid else "ctrl_ctop1_mean"
+        elif name in ("gpc.top1_v", "gpc.top1_u"):
+            key = "grad_resid_ctop1_mean" if resid else "grad_ctrl_ctop1_mean"
+        elif name in ("wc.dist_top1_v", "wc.dist_top1_u") and resid:
+            key = f"resid_ctop1_d{r['next_layer'] - r['layer']}_mean"
         elif name in ("w.dist_top1_v", "w.dist_top1_u") and resid:
             key = f"resid_top1_d{r['next_layer'] - r['layer']}_mean"
         elif name in ("gp.dist_top1_v", "gp.dist_top1_u") and resid:

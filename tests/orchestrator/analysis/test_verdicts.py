@@ -187,3 +187,32 @@ def test_ones_control_matches_the_metric_time_and_vectors():
     row = claim_verdict(c, t)
     assert row["verdict"] == "not testable here"
     assert "cont0/grad_ones_v_mean in opt=b" in row["reasons"]
+
+
+def test_gap_control_reads_the_claims_own_matrices_and_time():
+    """The top-1-degenerate control reads the s1/s2 of the matrices the metric was computed
+    on (weights, probe gradients, centred or not) at the metric's time (step 0 for cont0/)."""
+    from orchestrator.analysis.tables import gap_source
+
+    assert gap_source("cont/resid_top1_mean") == ("w.s1_s2", "last")
+    assert gap_source("cont/resid_ctop1_mean") == ("wc.s1_s2", "last")
+    assert gap_source("cont0/grad_resid_ctop1_mean") == ("gpc.s1_s2", "first")
+    assert gap_source("cont0/grad_resid_top1_mean") == ("gp.s1_s2", "first")
+    t = _trials(B, A, ones=0.05)
+    t["cont0/grad_resid_ctop1_mean"] = t["loss"]
+    c = _claim(metric="cont0/grad_resid_ctop1_mean", direction="higher", effect=0.5,
+               min_steps=1, controls=["small_gap"])
+
+    def rows(metric, step, value):
+        return pd.DataFrame([{"step": step, "metric": metric, "module": "hidden", "layer": i,
+                              "next_layer": -1, "value": value, "trial": tr}
+                             for tr in t["trial"] for i in range(4)])
+
+    # degenerate at the end and in the uncentred weights, well separated at step 0: passes
+    ok = pd.concat([rows("gpc.s1_s2", 0, 2.0), rows("gpc.s1_s2", 200, 1.0),
+                    rows("w.s1_s2", 0, 1.0)])
+    assert claim_verdict(c, t, ok)["verdict"] == AGREES
+    bad = pd.concat([rows("gpc.s1_s2", 0, 1.01), rows("gpc.s1_s2", 200, 3.0)])
+    r = claim_verdict(c, t, bad)
+    assert r["verdict"] == UNTESTABLE and "top-1 degenerate" in r["reasons"]
+    assert claim_verdict(c, t, rows("w.s1_s2", 0, 2.0))["reasons"] == "s1/s2 not recorded"

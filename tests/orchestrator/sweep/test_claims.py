@@ -34,6 +34,7 @@ def test_a_valid_claim_loads():
     ({"direction": "up"}, "direction"),
     ({"controls": ["first_loss"]}, "needs n_classes"),
     ({"controls": ["vibes"]}, "controls"),
+    ({"metric": "cont/resid_ctop1_mean", "controls": ["ones"]}, "drop the 'ones' control"),
 ])
 def test_bad_claims_give_one_line(claim, msg):
     with pytest.raises(SpecError) as e:
