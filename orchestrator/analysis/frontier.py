@@ -3,7 +3,9 @@ every family at one common good lr, and SpheretNorm's p-curve (docs/science.md Â
 
 Pure functions of the trials table (one row per trial: ``status``, ``seed``, the family and lr
 params, ``final_val_loss``). A trial is stable when it completed with a finite final loss (the
-divergence rules stopped the others: they blew up and stayed up). An lr is stable for a family
+divergence rules stopped the others: they blew up and stayed up) below the collapse ceiling when
+the report knows one (orchestrator/analysis/collapse.py: a run that ends at the frequency
+plateau blew up and stayed up too, with a finite loss). An lr is stable for a family
 under ``rule`` "all" (every seed stable) or "majority" (more than half). The critical lr is the
 largest lr such that it and every smaller lr tried are stable; the table also gives the first
 unstable lr above it, the seed counts, and says when the frontier lies outside the range tried
@@ -24,7 +26,7 @@ from orchestrator.analysis.stats import t_interval
 from orchestrator.analysis.tables import _md_table
 
 __all__ = ["family_labels", "stable_mask", "critical_lr_table", "common_lr", "loss_at_lr",
-           "p_curve", "write_frontier"]
+           "p_curve", "loss_grid", "write_frontier"]
 
 FAMILY, LR, P = "model.residual.family", "optim.lr", "model.residual.p"
 Rule = Literal["all", "majority"]
@@ -41,10 +43,13 @@ def family_labels(trials: pd.DataFrame, family: str = FAMILY, p: str = P) -> pd.
     return lab
 
 
-def stable_mask(trials: pd.DataFrame, metric: str = "final_val_loss") -> pd.Series:
-    """Completed with a finite ``metric``."""
+def stable_mask(trials: pd.DataFrame, metric: str = "final_val_loss",
+                ceiling: float | None = None) -> pd.Series:
+    """Completed with a finite ``metric``, below ``ceiling`` when one is given (the collapse
+    ceiling: a trial that ends at the frequency plateau blew up and stayed up)."""
     v = pd.to_numeric(trials[metric], errors="coerce")
-    return (trials["status"] == "completed") & np.isfinite(v)
+    ok = (trials["status"] == "completed") & np.isfinite(v)
+    return ok & (v < ceiling) if ceiling is not None and math.isfinite(ceiling) else ok
 
 
 def _lr_stable(n_stable: int, n: int, rule: Rule) -> bool:
@@ -52,11 +57,13 @@ def _lr_stable(n_stable: int, n: int, rule: Rule) -> bool:
 
 
 def critical_lr_table(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
-                      metric: str = "final_val_loss") -> pd.DataFrame:
+                      metric: str = "final_val_loss",
+                      ceiling: float | None = None) -> pd.DataFrame:
     """One row per family: lrs tried, critical lr with ``stable/seeds`` there, first unstable
     lr with its count, and a note when the frontier is outside the range or not monotone."""
     t = trials[trials["status"].isin(("completed", "diverged"))].copy()
-    t["_fam"], t["_ok"], t["_lr"] = family_labels(t), stable_mask(t, metric), t[lr].astype(float)
+    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
+    t["_lr"] = t[lr].astype(float)
     rows = []
     for fam, g in t.groupby("_fam", sort=False):
         per = g.groupby("_lr")["_ok"].agg(["sum", "count"]).sort_index()
@@ -82,11 +89,12 @@ def critical_lr_table(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
 
 
 def common_lr(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
-              metric: str = "final_val_loss") -> float:
+              metric: str = "final_val_loss", ceiling: float | None = None) -> float:
     """The lr stable for every family with the lowest mean (over families) of the mean loss;
     nan when no lr is stable for all."""
     t = trials[trials["status"].isin(("completed", "diverged"))].copy()
-    t["_fam"], t["_ok"], t["_lr"] = family_labels(t), stable_mask(t, metric), t[lr].astype(float)
+    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
+    t["_lr"] = t[lr].astype(float)
     best, best_loss = math.nan, math.inf
     for v, g in t.groupby("_lr"):
         fams = g.groupby("_fam")["_ok"].agg(["sum", "count"])
@@ -100,10 +108,10 @@ def common_lr(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
 
 
 def loss_at_lr(trials: pd.DataFrame, at: float, lr: str = LR, metric: str = "final_val_loss",
-               conf: float = 0.95) -> pd.DataFrame:
+               conf: float = 0.95, ceiling: float | None = None) -> pd.DataFrame:
     """Per family at lr ``at``: stable seeds, mean loss [t-interval] over them."""
     t = trials[np.isclose(trials[lr].astype(float), at, rtol=1e-9)].copy()
-    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric)
+    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
     rows = []
     for fam, g in t.groupby("_fam", sort=False):
         m, lo, hi = t_interval(g.loc[g["_ok"], metric].astype(float), conf)
@@ -113,13 +121,14 @@ def loss_at_lr(trials: pd.DataFrame, at: float, lr: str = LR, metric: str = "fin
 
 
 def p_curve(trials: pd.DataFrame, at: float, family: str = "spheret", lr: str = LR,
-            p: str = P, metric: str = "final_val_loss", conf: float = 0.95) -> pd.DataFrame:
+            p: str = P, metric: str = "final_val_loss", conf: float = 0.95,
+            ceiling: float | None = None) -> pd.DataFrame:
     """``family``'s loss against p at lr ``at``: n stable, mean [t-interval] per p (inf last)."""
     t = trials[(trials[FAMILY].astype(str) == family)
                & np.isclose(trials[lr].astype(float), at, rtol=1e-9)].copy()
     if t.empty or p not in t.columns:
         return pd.DataFrame(columns=["p", "n", "seeds", "mean", "lo", "hi"])
-    t["_ok"], t["_p"] = stable_mask(t, metric), pd.to_numeric(t[p], errors="coerce")
+    t["_ok"], t["_p"] = stable_mask(t, metric, ceiling), pd.to_numeric(t[p], errors="coerce")
     rows = []
     for pv, g in t.groupby("_p"):
         m, lo, hi = t_interval(g.loc[g["_ok"], metric].astype(float), conf)
@@ -128,32 +137,66 @@ def p_curve(trials: pd.DataFrame, at: float, family: str = "spheret", lr: str = 
     return pd.DataFrame(rows)
 
 
+def loss_grid(trials: pd.DataFrame, lr: str = LR, metric: str = "final_val_loss",
+              ceiling: float | None = None) -> pd.DataFrame:
+    """Family x lr: mean ``metric`` over the completed seeds with a finite value, and
+    ``stable/seeds`` (the frontier's own counts): where each family degrades, not only where it
+    stops counting as stable."""
+    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
+    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
+    t["_lr"], t["_v"] = t[lr].astype(float), pd.to_numeric(t[metric], errors="coerce")
+    rows = []
+    for fam, g in t.groupby("_fam", sort=False):
+        row: dict[str, object] = {"family": fam}
+        for v, h in g.groupby("_lr"):
+            fin = h["_v"][(h["status"] == "completed") & np.isfinite(h["_v"])]
+            row[f"{v:g}"] = (f"{fin.mean():.3f}" if len(fin) else "-") + \
+                f" ({int(h['_ok'].sum())}/{len(h)})"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def write_frontier(data: SweepData, out: Path, cfg: ReportConfig | None = None,
                    rule: Rule = "all") -> list[str]:
-    """``out/frontier.csv`` (critical lrs), ``out/frontier_loss.csv``, ``out/p_curve.csv`` and
-    the report.md lines, for a sweep over families and a grid of at least 2 lrs (each lr
-    shared by 2+ trials on average); else nothing."""
+    """``out/frontier.csv`` (critical lrs), ``out/frontier_grid.csv`` (loss per family x lr),
+    ``out/frontier_loss.csv``, ``out/p_curve.csv`` and the report.md lines, for a sweep over
+    families and a grid of at least 2 lrs (each lr shared by 2+ trials on average); else
+    nothing. Stable: completed, finite, and below the collapse ceiling when the sweep's corpus
+    gives one (orchestrator/analysis/collapse.py)."""
+    from orchestrator.analysis.collapse import collapse_ceiling
+
     cfg = cfg or ReportConfig()
     t = data.trials
     if FAMILY not in t.columns or LR not in t.columns or t[LR].nunique() < 2 \
             or t[LR].nunique() > len(t) / 2:  # a random/Optuna lr search has no lr grid
         return []
-    crit = critical_lr_table(t, rule)
+    ceil = collapse_ceiling(data.root)
+    c = ceil.value if math.isfinite(ceil.value) else None
+    crit = critical_lr_table(t, rule, ceiling=c)
     crit.to_csv(out / "frontier.csv", index=False)
+    grid = loss_grid(t, ceiling=c)
+    grid.to_csv(out / "frontier_grid.csv", index=False)
+    what = (f"complete with a final val loss below the collapse ceiling {c:.4g} ({ceil.note}: "
+            "at or above it a run has learned no more than token frequencies; it blew up and "
+            "stayed up with a finite loss)" if c is not None else
+            f"complete with a finite loss ({ceil.note})")
     lines = ["## Stability frontier", "",
              f"Critical lr per family: the largest lr at which it and every smaller lr tried "
-             f"had {'every' if rule == 'all' else 'a majority of'} seed(s) complete with a "
-             "finite loss (stable/seeds given). [frontier.csv](frontier.csv)", "",
-             _md_table(crit), ""]
-    at = common_lr(t, rule)
+             f"had {'every' if rule == 'all' else 'a majority of'} seed(s) {what} "
+             "(stable/seeds given). [frontier.csv](frontier.csv)", "",
+             _md_table(crit), "",
+             "### Final val loss per family and lr", "",
+             "Mean over the completed seeds (stable/seeds). "
+             "[frontier_grid.csv](frontier_grid.csv)", "", _md_table(grid), ""]
+    at = common_lr(t, rule, ceiling=c)
     if not math.isfinite(at):
         return lines + ["No lr was stable for every family: no common-lr comparison.", ""]
-    loss = loss_at_lr(t, at, conf=cfg.conf)
+    loss = loss_at_lr(t, at, conf=cfg.conf, ceiling=c)
     loss.to_csv(out / "frontier_loss.csv", index=False)
     lines += [f"### Final val loss at the common lr {at:g}", "",
               f"The lr stable for every family with the lowest mean loss; mean "
               f"[{cfg.conf:.0%} t-interval] over stable seeds.", "", _md_table(loss), ""]
-    pc = p_curve(t, at, conf=cfg.conf)
+    pc = p_curve(t, at, conf=cfg.conf, ceiling=c)
     if len(pc) >= 2:
         pc.to_csv(out / "p_curve.csv", index=False)
         lines += [f"### SpheretNorm p-curve at lr {at:g}", "", _md_table(pc), ""]
