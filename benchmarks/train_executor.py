@@ -85,7 +85,9 @@ class _TreeCpu:
     def __init__(self, interval: float = 0.25) -> None:
         import threading
 
-        import ray  # noqa: F401 - its vendored psutil
+        import ray  # noqa: F401 - puts its vendored psutil on the path
+
+        # isort: split
         import psutil
 
         self._psutil, self._me = psutil, psutil.Process()

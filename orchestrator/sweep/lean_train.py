@@ -180,9 +180,10 @@ def lean_trainer(train_fn: Any, **kwargs: Any) -> Any:
 
 # Ray's placement-group cleaner (ray/train/v2/_internal/execution/controller/
 # placement_group_cleaner.py, pinned ray 2.60) asks ``ray.util.state.get_actor`` every second
-# whether the controller lives; that client finds the API server from RAY_API_SERVER_ADDRESS
-# (or RAY_ADDRESS), else from the dashboard address the head writes to the GCS KV even when
-# it runs no HTTP server (include_dashboard=False). Checked on a geosweep-started Ray: every
+# whether the controller lives; that client finds the API server in RAY_API_SERVER_ADDRESS,
+# else at the dashboard address the head writes to the GCS KV (ray/dashboard/utils.py), which
+# it writes even when it serves no HTTP (include_dashboard=False: dashboard.py
+# --disable-frontend). Checked on a geosweep-started Ray: every
 # ask fails (ServerUnavailable: the cleaner logs and retries forever, never cleaning), or
 # with several Rays on the machine the cleaner's monitor thread dies on its first ask.
 _API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
