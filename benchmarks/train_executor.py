@@ -73,21 +73,68 @@ def _spec(name: str, arm: str, steps: int, trials: int):
     })
 
 
-def _cluster_cpu() -> float:
-    """CPU seconds used so far by this driver and every process under it: the local Ray it
-    started (GCS, raylet, workers), counting ended workers through their parent's reaped-
-    children time. Unlike wall time, it barely moves with the load from other processes."""
-    import psutil
+class _TreeCpu:
+    """CPU seconds used by this driver and every process under it: the local Ray it started
+    (GCS, raylet, workers), ended processes included. A parent's reaped-children times do not
+    count them: the raylet ignores SIGCHLD (``SigIgn`` in its /proc status), so the kernel
+    reaps the worker processes it started and their CPU time reaches no parent. A thread reads
+    every process's own CPU time every ``interval`` s and keeps each one's last reading: an
+    ended process loses at most its last interval. The thread's own CPU is left out. Unlike
+    wall time, the figure barely moves with the load from other processes."""
 
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:  # ended meanwhile: its parent counts it from now on
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+    def __init__(self, interval: float = 0.25) -> None:
+        import threading
+
+        import ray  # noqa: F401 - puts its vendored psutil on the path
+
+        # isort: split
+        import psutil
+
+        self._psutil, self._me = psutil, psutil.Process()
+        self._last: dict[tuple[int, float], float] = {}  # (pid, start time) -> CPU s
+        self._own = 0.0  # the sampling thread's CPU seconds
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, name="tree-cpu", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        t0 = time.thread_time()
+        readings = {}
+        for p in [self._me, *self._me.children(recursive=True)]:
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    readings[(p.pid, p.create_time())] = t.user + t.system
+            except self._psutil.Error:  # ended meanwhile: its last reading stays
+                continue
+        with self._lock:
+            self._last.update(readings)
+            self._own += time.thread_time() - t0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def total(self) -> float:
+        self._sample()
+        with self._lock:
+            return sum(self._last.values()) - self._own
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _cluster_cpu() -> float:
+    """CPU seconds so far of the driver and every process under it (``_TreeCpu``)."""
+    if not _METER:
+        _METER.append(_TreeCpu())
+    return _METER[0].total()
+
+
+_METER: list[_TreeCpu] = []
 
 
 def _measure(spec, out: str) -> dict:
@@ -153,6 +200,8 @@ def main() -> None:
     finally:
         shutdown()
         shutil.rmtree(out, ignore_errors=True)
+        for m in _METER:
+            m.close()
     _table(runs, arms, steps, sps, args, loads)
 
 

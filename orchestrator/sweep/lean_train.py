@@ -16,7 +16,10 @@ and why the results stay the same:
   trial), the same queue and payload, in a module that does not import ``ray.tune`` into the
   controller and every worker.
 - ``lean_trainer``: a ``DataParallelTrainer`` without the Ray Data callback when it has no
-  datasets (it would start one idle Ray Data actor per trial).
+  datasets (it would start one idle Ray Data actor per trial), and without the placement-group
+  cleaner on a Ray whose head serves no dashboard (``keep_pg_cleaner``): the cleaner is one
+  more detached actor process per trial that asks Ray's state API, served by the dashboard,
+  whether the controller lives; without a dashboard every ask fails and it never cleans.
 
 Nothing here imports torch or ``ray.tune`` at module level: the controller imports this module.
 """
@@ -30,7 +33,8 @@ from typing import Any
 from ray.train.backend import Backend, BackendConfig
 from ray.train.v2.api.callback import UserCallback
 
-__all__ = ["LeanTorchConfig", "TuneForward", "lean_trainer", "CHECKPOINT_PATH_KEY"]
+__all__ = ["LeanTorchConfig", "TuneForward", "lean_trainer", "keep_pg_cleaner",
+           "CHECKPOINT_PATH_KEY"]
 
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # what TuneReportCallback adds for a checkpoint
 
@@ -170,8 +174,47 @@ class TuneForward(UserCallback):
 
 def lean_trainer(train_fn: Any, **kwargs: Any) -> Any:
     """A Ray Train ``DataParallelTrainer`` (``kwargs``: its own) that starts no Ray Data actor
-    when it has no datasets."""
+    when it has no datasets, and no placement-group cleaner where it cannot work."""
     return _trainer_cls()(train_fn, **kwargs)
+
+
+# Ray's placement-group cleaner (ray/train/v2/_internal/execution/controller/
+# placement_group_cleaner.py, pinned ray 2.60) asks ``ray.util.state.get_actor`` every second
+# whether the controller lives; that client finds the API server in RAY_API_SERVER_ADDRESS,
+# else at the dashboard address the head writes to the GCS KV (ray/dashboard/utils.py), which
+# it writes even when it serves no HTTP (include_dashboard=False: dashboard.py
+# --disable-frontend). Checked on a geosweep-started Ray: every
+# ask fails (ServerUnavailable: the cleaner logs and retries forever, never cleaning), or
+# with several Rays on the machine the cleaner's monitor thread dies on its first ask.
+_API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
+
+
+def keep_pg_cleaner(webui_url: str | None, api_server_address: str | None) -> bool:
+    """Whether Ray Train's placement-group cleaner can reach Ray's state API.
+
+    ``webui_url``: the dashboard URL the head recorded (``""``: started without a dashboard;
+    ``None``: unknown, e.g. no Ray connected). ``api_server_address``: the
+    RAY_API_SERVER_ADDRESS setting, if any (the state API served elsewhere). Unknown keeps
+    the cleaner: Ray's default."""
+    return bool(api_server_address) or webui_url != ""
+
+
+def _webui_url() -> str | None:
+    """The dashboard URL the head node recorded in the GCS KV (``""`` when it runs none);
+    None when no Ray is connected or the key cannot be read. One KV read."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        # pinned ray 2.60: what Node reads for a worker (ray/_private/node.py); the head
+        # writes "webui:url" = "" when it starts without a dashboard (ray/_private/services.py
+        # start_api_server, dashboard_url = "" for include_dashboard=False)
+        from ray._private.services import get_webui_url_from_internal_kv
+
+        return get_webui_url_from_internal_kv()
+    except Exception:  # noqa: BLE001 - a private API: unknown keeps Ray's default
+        return None
 
 
 _CLS: list[type] = []
@@ -181,14 +224,20 @@ def _trainer_cls() -> type:
     if _CLS:
         return _CLS[0]
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import (
+        PlacementGroupCleanerCallback,
+    )
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     class _LeanTrainer(DataParallelTrainer):
         def _create_default_callbacks(self) -> list:
             callbacks = super()._create_default_callbacks()
-            if self.datasets:
-                return callbacks
-            return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
+            drop: tuple[type, ...] = ()
+            if not self.datasets:
+                drop += (DatasetsCallback,)
+            if not keep_pg_cleaner(_webui_url(), os.environ.get(_API_SERVER_ENV)):
+                drop += (PlacementGroupCleanerCallback,)
+            return [c for c in callbacks if not isinstance(c, drop)]
 
     _CLS.append(_LeanTrainer)
     return _LeanTrainer

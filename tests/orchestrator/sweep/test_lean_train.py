@@ -165,3 +165,44 @@ def test_module_imports_neither_torch_nor_ray_tune():
                                                      "RAY_USAGE_STATS_ENABLED": "0"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("webui_url, api_server, keep", [
+    ("", None, False),                     # head started without a dashboard: no state API
+    ("", "", False),
+    ("127.0.0.1:8265", None, True),        # a dashboard serves the state API
+    (None, None, True),                    # unknown (no Ray connected): Ray's default
+    ("", "http://10.0.0.1:8265", True),    # the state API pointed elsewhere
+])
+def test_keep_pg_cleaner(webui_url, api_server, keep):
+    assert lt.keep_pg_cleaner(webui_url, api_server) is keep
+
+
+def test_webui_url_is_unknown_without_ray():
+    import ray
+
+    assert not ray.is_initialized()
+    assert lt._webui_url() is None
+
+
+@pytest.mark.parametrize("webui_url, api_server, kept", [
+    ("", None, False), ("127.0.0.1:8265", None, True), (None, None, True),
+    ("", "http://10.0.0.1:8265", True),
+])
+def test_lean_trainer_starts_the_pg_cleaner_only_where_it_can_work(monkeypatch, webui_url,
+                                                                  api_server, kept):
+    import ray.train
+    from ray.train.v2._internal.callbacks.placement_group_callback import (
+        PlacementGroupCleanerCallback,
+    )
+
+    monkeypatch.setattr(lt, "_webui_url", lambda: webui_url)
+    if api_server is None:
+        monkeypatch.delenv(lt._API_SERVER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(lt._API_SERVER_ENV, api_server)
+    trainer = lt.lean_trainer(lambda: None,
+                              scaling_config=ray.train.ScalingConfig(num_workers=1),
+                              backend_config=lt.LeanTorchConfig())
+    cbs = trainer._create_default_callbacks()
+    assert any(isinstance(c, PlacementGroupCleanerCallback) for c in cbs) is kept
