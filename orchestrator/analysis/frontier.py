@@ -60,7 +60,8 @@ def critical_lr_table(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
                       metric: str = "final_val_loss",
                       ceiling: float | None = None) -> pd.DataFrame:
     """One row per family: lrs tried, critical lr with ``stable/seeds`` there, first unstable
-    lr with its count, and a note when the frontier is outside the range or not monotone."""
+    lr with its count, the family's best stable lr and its mean loss, and a note when the
+    frontier is outside the range or not monotone."""
     t = trials[trials["status"].isin(("completed", "diverged"))].copy()
     t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
     t["_lr"] = t[lr].astype(float)
@@ -80,10 +81,17 @@ def critical_lr_table(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
         if any(ok[k + 1:]):
             note.append("not monotone: stable again above the first unstable lr")
         cnt = [f"{int(s)}/{int(n)}" for s, n in zip(per["sum"], per["count"])]
+        # the family's own best: the stable lr (under ``rule``) with the lowest mean loss over
+        # its stable seeds, which the common-lr comparison cannot show
+        means = g[g["_ok"]].groupby("_lr")[metric].mean()
+        good = [v for v, o in zip(lrs, ok) if o and v in means.index]
+        best = min(good, key=lambda v: means[v]) if good else math.nan
         rows.append({"family": fam, "n_lrs": len(lrs), "lr_min": lrs[0], "lr_max": lrs[-1],
                      "critical_lr": crit, "stable_at_critical": cnt[k - 1] if k > 0 else "-",
                      "first_unstable_lr": first_bad,
                      "stable_at_first_unstable": cnt[k] if k < len(lrs) else "-",
+                     "best_lr": best,
+                     "best_loss": float(means[best]) if good else math.nan,
                      "rule": rule, "note": "; ".join(note)})
     return pd.DataFrame(rows)
 

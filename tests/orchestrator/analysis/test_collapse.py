@@ -47,7 +47,9 @@ def test_a_collapsed_run_is_unstable_only_with_a_ceiling():
     assert list(stable_mask(t, ceiling=3.3)) == [True, True, False, False]
     assert list(stable_mask(t, ceiling=math.nan)) == [True, True, True, False]
     assert critical_lr_table(t).loc[0, "critical_lr"] == 1e-1
-    assert critical_lr_table(t, ceiling=3.3).loc[0, "critical_lr"] == 1e-2
+    tab = critical_lr_table(t, ceiling=3.3)
+    assert tab.loc[0, "critical_lr"] == 1e-2
+    assert tab.loc[0, "best_lr"] == 1e-3 and tab.loc[0, "best_loss"] == pytest.approx(2.2)
     g = loss_grid(t, ceiling=3.3).set_index("family")
     assert g.loc["a", "0.001"] == "2.200 (1/1)" and g.loc["a", "0.1"] == "3.450 (0/1)"
     assert g.loc["a", "1"] == "- (0/1)"
