@@ -2,7 +2,8 @@
 
 The cost that search_spaces/manifold_assignment.yaml pays (25 trials x 2000 steps on CPU): its
 five arms (unconstrained, all_stiefel, all_dgram, hetero, hetero_inv) with its dual settings
-(20 dual steps, tol 1e-6, matched init), on real gradients of random character batches. Real
+(20 dual steps, tol 1e-6, matched init), on real gradients of random character batches, at the
+optimizers' base learning rates (no warm-up or decay schedule). Real
 gradients matter: they are near rank-deficient, so the dual needs ~10 Newton passes where the
 fixed full-rank gradients of benchmarks/optimizer_step.py need ~3 (docs/science.md §3.2).
 Arms are interleaved step by step (rotating order); the clock is this process's CPU time (one
