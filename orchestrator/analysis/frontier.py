@@ -26,7 +26,7 @@ from orchestrator.analysis.stats import t_interval
 from orchestrator.analysis.tables import _md_table
 
 __all__ = ["family_labels", "stable_mask", "critical_lr_table", "common_lr", "loss_at_lr",
-           "p_curve", "loss_grid", "write_frontier"]
+           "p_curve", "loss_grid", "never_stable", "write_frontier"]
 
 FAMILY, LR, P = "model.residual.family", "optim.lr", "model.residual.p"
 Rule = Literal["all", "majority"]
@@ -96,12 +96,28 @@ def critical_lr_table(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
     return pd.DataFrame(rows)
 
 
-def common_lr(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
-              metric: str = "final_val_loss", ceiling: float | None = None) -> float:
-    """The lr stable for every family with the lowest mean (over families) of the mean loss;
-    nan when no lr is stable for all."""
+def never_stable(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
+                 metric: str = "final_val_loss", ceiling: float | None = None) -> list[str]:
+    """Families stable at no lr tried: their frontier lies below the range, and they cannot
+    take part in a common-lr comparison (``common_lr`` leaves them out, the report names them)."""
     t = trials[trials["status"].isin(("completed", "diverged"))].copy()
     t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
+    t["_lr"] = t[lr].astype(float)
+    out = []
+    for fam, g in t.groupby("_fam", sort=False):
+        per = g.groupby("_lr")["_ok"].agg(["sum", "count"])
+        if not any(_lr_stable(int(s), int(n), rule) for s, n in zip(per["sum"], per["count"])):
+            out.append(str(fam))
+    return out
+
+
+def common_lr(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
+              metric: str = "final_val_loss", ceiling: float | None = None) -> float:
+    """The lr stable for every family (leaving out those stable at no lr, ``never_stable``)
+    with the lowest mean (over families) of the mean loss; nan when there is none."""
+    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
+    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
+    t = t[~t["_fam"].isin(never_stable(trials, rule, lr, metric, ceiling))]
     t["_lr"] = t[lr].astype(float)
     best, best_loss = math.nan, math.inf
     for v, g in t.groupby("_lr"):
@@ -190,19 +206,24 @@ def write_frontier(data: SweepData, out: Path, cfg: ReportConfig | None = None,
             f"complete with a finite loss ({ceil.note})")
     lines = ["## Stability frontier", "",
              f"Critical lr per family: the largest lr at which it and every smaller lr tried "
-             f"had {'every' if rule == 'all' else 'a majority of'} seed(s) {what} "
+             f"had {'every seed' if rule == 'all' else 'a majority of seeds'} {what} "
              "(stable/seeds given). [frontier.csv](frontier.csv)", "",
              _md_table(crit), "",
              "### Final val loss per family and lr", "",
              "Mean over the completed seeds (stable/seeds). "
              "[frontier_grid.csv](frontier_grid.csv)", "", _md_table(grid), ""]
     at = common_lr(t, rule, ceiling=c)
+    never = never_stable(t, rule, ceiling=c)
+    if never:
+        lines += [f"Stable at no lr tried, left out of the common-lr comparison: "
+                  f"{', '.join(never)}.", ""]
     if not math.isfinite(at):
-        return lines + ["No lr was stable for every family: no common-lr comparison.", ""]
+        return lines + ["No lr was stable for every other family: no common-lr comparison.",
+                        ""]
     loss = loss_at_lr(t, at, conf=cfg.conf, ceiling=c)
     loss.to_csv(out / "frontier_loss.csv", index=False)
     lines += [f"### Final val loss at the common lr {at:g}", "",
-              f"The lr stable for every family with the lowest mean loss; mean "
+              f"The lr stable for every family (but those above) with the lowest mean loss; mean "
               f"[{cfg.conf:.0%} t-interval] over stable seeds.", "", _md_table(loss), ""]
     pc = p_curve(t, at, conf=cfg.conf, ceiling=c)
     if len(pc) >= 2:

@@ -92,4 +92,8 @@ def test_common_lr_loss_and_p_curve():
     assert list(pc.index) == [0.5, 1.0, 2.0, 4.0, math.inf]
     assert pc["mean"].idxmin() == 1.0
     assert pc.loc[math.inf, "mean"] == pytest.approx(1.9 + 0.05 * 4 + 0.02)
-    assert math.isnan(common_lr(_trials()))  # "bad" is stable nowhere
+    # "bad" is stable nowhere: it is named and left out, the others keep their common lr
+    from orchestrator.analysis.frontier import never_stable
+
+    assert never_stable(_trials()) == ["bad"] and never_stable(t) == []
+    assert common_lr(_trials()) == 1e-3
