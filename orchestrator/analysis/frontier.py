@@ -56,20 +56,38 @@ def _lr_stable(n_stable: int, n: int, rule: Rule) -> bool:
     return n > 0 and (n_stable == n if rule == "all" else n_stable > n / 2)
 
 
+def _ended(trials: pd.DataFrame, lr: str, metric: str,
+           ceiling: float | None) -> pd.DataFrame:
+    """The completed or diverged trials, with their family label ``_fam``, stability ``_ok``
+    and lr ``_lr``: what every frontier table starts from."""
+    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
+    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
+    t["_lr"] = t[lr].astype(float)
+    return t
+
+
+def _per_lr(g: pd.DataFrame, rule: Rule) -> tuple[list[float], list[bool], list[str]]:
+    """One family's lrs in order, whether each is stable under ``rule``, and stable/seeds."""
+    per = g.groupby("_lr")["_ok"].agg(["sum", "count"]).sort_index()
+    pairs = list(zip(per["sum"].astype(int), per["count"].astype(int)))
+    return (per.index.to_list(), [_lr_stable(a, n, rule) for a, n in pairs],
+            [f"{a}/{n}" for a, n in pairs])
+
+
+def _never(t: pd.DataFrame, rule: Rule) -> list[str]:
+    return [str(fam) for fam, g in t.groupby("_fam", sort=False) if not any(_per_lr(g, rule)[1])]
+
+
 def critical_lr_table(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
                       metric: str = "final_val_loss",
                       ceiling: float | None = None) -> pd.DataFrame:
     """One row per family: lrs tried, critical lr with ``stable/seeds`` there, first unstable
     lr with its count, the family's best stable lr and its mean loss, and a note when the
     frontier is outside the range or not monotone."""
-    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
-    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
-    t["_lr"] = t[lr].astype(float)
+    t = _ended(trials, lr, metric, ceiling)
     rows = []
     for fam, g in t.groupby("_fam", sort=False):
-        per = g.groupby("_lr")["_ok"].agg(["sum", "count"]).sort_index()
-        ok = [_lr_stable(int(s), int(n), rule) for s, n in zip(per["sum"], per["count"])]
-        lrs = per.index.to_list()
+        lrs, ok, cnt = _per_lr(g, rule)
         k = next((i for i, o in enumerate(ok) if not o), len(ok))  # first unstable index
         crit = lrs[k - 1] if k > 0 else math.nan
         first_bad = lrs[k] if k < len(lrs) else math.nan
@@ -80,7 +98,6 @@ def critical_lr_table(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
             note.append("unstable at the smallest lr tried")
         if any(ok[k + 1:]):
             note.append("not monotone: stable again above the first unstable lr")
-        cnt = [f"{int(s)}/{int(n)}" for s, n in zip(per["sum"], per["count"])]
         # the family's own best: the stable lr (under ``rule``) with the lowest mean loss over
         # its stable seeds, which the common-lr comparison cannot show
         means = g[g["_ok"]].groupby("_lr")[metric].mean()
@@ -100,25 +117,15 @@ def never_stable(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
                  metric: str = "final_val_loss", ceiling: float | None = None) -> list[str]:
     """Families stable at no lr tried: their frontier lies below the range, and they cannot
     take part in a common-lr comparison (``common_lr`` leaves them out, the report names them)."""
-    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
-    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
-    t["_lr"] = t[lr].astype(float)
-    out = []
-    for fam, g in t.groupby("_fam", sort=False):
-        per = g.groupby("_lr")["_ok"].agg(["sum", "count"])
-        if not any(_lr_stable(int(s), int(n), rule) for s, n in zip(per["sum"], per["count"])):
-            out.append(str(fam))
-    return out
+    return _never(_ended(trials, lr, metric, ceiling), rule)
 
 
 def common_lr(trials: pd.DataFrame, rule: Rule = "all", lr: str = LR,
               metric: str = "final_val_loss", ceiling: float | None = None) -> float:
     """The lr stable for every family (leaving out those stable at no lr, ``never_stable``)
     with the lowest mean (over families) of the mean loss; nan when there is none."""
-    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
-    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
-    t = t[~t["_fam"].isin(never_stable(trials, rule, lr, metric, ceiling))]
-    t["_lr"] = t[lr].astype(float)
+    t = _ended(trials, lr, metric, ceiling)
+    t = t[~t["_fam"].isin(_never(t, rule))]
     best, best_loss = math.nan, math.inf
     for v, g in t.groupby("_lr"):
         fams = g.groupby("_fam")["_ok"].agg(["sum", "count"])
@@ -166,9 +173,8 @@ def loss_grid(trials: pd.DataFrame, lr: str = LR, metric: str = "final_val_loss"
     """Family x lr: mean ``metric`` over the completed seeds with a finite value, and
     ``stable/seeds`` (the frontier's own counts): where each family degrades, not only where it
     stops counting as stable."""
-    t = trials[trials["status"].isin(("completed", "diverged"))].copy()
-    t["_fam"], t["_ok"] = family_labels(t), stable_mask(t, metric, ceiling)
-    t["_lr"], t["_v"] = t[lr].astype(float), pd.to_numeric(t[metric], errors="coerce")
+    t = _ended(trials, lr, metric, ceiling)
+    t["_v"] = pd.to_numeric(t[metric], errors="coerce")
     rows = []
     for fam, g in t.groupby("_fam", sort=False):
         row: dict[str, object] = {"family": fam}
