@@ -48,15 +48,9 @@ def centred_rows(src: str, module: str, layers: Sequence[int], X: Tensor, exact:
     Xc = C.center_both(X)
     if Xc.dim() == 3:
         Xc = Xc[None]  # one "probe" for the weights
-    m, n = Xc.shape[-2:]
-    key = f"{src}.{module}"
     rows: list[Out] = []
-    if exact:
-        U, S, V = C.top_singular(Xc, min(6, m, n))  # 6 columns: the cheap path's warm start
-        warm[key] = V
-    else:
-        U, S, V, warm[key], res = C.subspace_iteration(
-            Xc, 2, warm.get(key), max_iters=warm_iters, check_every=2, generator=generator)
+    U, S, V, res = C.top_k_warm(Xc, 2, exact, warm, f"{src}.{module}", generator, warm_iters)
+    if res is not None:
         rows.append((f"{src}.ritz_res", module, list(layers), 0, res.amax(-1).amax(0)))
     rows += P.vector_rows(src, module, layers, {"v": V[..., 0], "u": U[..., 0]},
                           adjacent=True, ones=False)

@@ -209,19 +209,10 @@ class MetricsCollector:
         for src, X in sources.items():
             if src != "w" and not bool((X != 0).any()):
                 continue  # no update / no gradient yet: singular vectors undefined
-            key = f"{src}.{g.label}"
-            if exact:
-                U, S, V = C.top_singular(X, min(kk + 4, m, n))  # q columns: the warm start
-                self.warm[key] = V
-                U, S, V = U[..., :kk], S[..., :kk], V[..., :kk]
-            else:
-                warm = key in self.warm
-                U, S, V, Vq, res = C.subspace_iteration(
-                    X, kk, self.warm.get(key), max_iters=self.warm_iters if warm else 30,
-                    check_every=2, generator=self._gen)
-                self.warm[key] = Vq
-                if src == "w":
-                    layer("w.ritz_res", res.amax(-1))
+            U, S, V, res = C.top_k_warm(X, kk, exact, self.warm, f"{src}.{g.label}",
+                                        self._gen, self.warm_iters)
+            if res is not None and src == "w":
+                layer("w.ritz_res", res.amax(-1))
             if pairs:
                 for side, Y in (("v", V), ("u", U)):
                     # (P, kk, kk) cosines between adjacent layers' singular vectors: M1 is
@@ -240,8 +231,7 @@ class MetricsCollector:
                 layer("w.rel_change_spec", S[:, 0] / self.sigma0[g.label])
         if self.centred:
             out += centred_rows("wc", g.label, g.layers, W, exact, self.warm, self._gen,
-                                30 if exact or f"wc.{g.label}" not in self.warm
-                                else self.warm_iters)
+                                self.warm_iters)
         if pairs:
             out.extend((name, g.label, lay, True, v)
                        for name, v in _baselines(len(pairs), ks, m, n))
@@ -291,14 +281,9 @@ class MetricsCollector:
             if any(x is None for b in per_batch for x in b):
                 continue
             G = torch.stack([torch.stack([C.as_float(g._cut(x)) for x in b]) for b in per_batch])
-            key = f"gp.{g.label}"
-            if exact:
-                U, S, V = C.top_singular(G, min(6, *G.shape[-2:]))  # 6 columns: warm start
-                self.warm[key] = V
-                U, S, V = U[..., :2], S[..., :2], V[..., :2]  # (P, L, m | n, 2), (P, L, 2)
-            else:
-                U, S, V, self.warm[key], res = C.subspace_iteration(
-                    G, 2, self.warm.get(key), max_iters=30, check_every=2, generator=self._gen)
+            # (P, L, m | n, 2), (P, L, 2); a new probe gradient: 30 iterations even when warm
+            U, S, V, res = C.top_k_warm(G, 2, exact, self.warm, f"gp.{g.label}", self._gen)
+            if res is not None:
                 out.append(("gp.ritz_res", g.label, list(g.layers), False, res.amax(-1).amax(0)))
             out.extend(P.vector_rows("gp", g.label, g.layers,
                                      {"v": V[..., 0], "u": U[..., 0]}, adjacent=True))

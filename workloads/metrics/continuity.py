@@ -25,6 +25,7 @@ __all__ = [
     "random_baseline_top1",
     "random_baseline_subspace",
     "subspace_iteration",
+    "top_k_warm",
     "lowrank_top",
     "ritz_residual",
 ]
@@ -265,3 +266,25 @@ def lowrank_top(
     q = min(k + oversample, W.shape[-2], W.shape[-1])
     U, S, V = torch.svd_lowrank(W, q=q, niter=niter)
     return U[..., :k], S[..., :k], V[..., :k]
+
+
+@torch.no_grad()
+def top_k_warm(X: torch.Tensor, k: int, exact: bool, warm: dict[str, torch.Tensor], key: str,
+               generator: torch.Generator | None = None, warm_iters: int = 30
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Top-k singular triplets of a stack X (..., m, n) that stay warm between collects.
+
+    ``exact``: one batched SVD, whose k + 4 right vectors are kept in ``warm[key]`` as the next
+    cheap call's start. Else ``subspace_iteration`` from ``warm[key]`` (``warm_iters``
+    iterations when a start exists, 30 from cold), its subspace kept the same way. Returns
+    U, S, V with k columns and the Ritz residual (None on the exact path).
+    """
+    m, n = X.shape[-2:]
+    if exact:
+        U, S, V = top_singular(X, min(k + 4, m, n))
+        warm[key] = V
+        return U[..., :k], S[..., :k], V[..., :k], None
+    U, S, V, warm[key], res = subspace_iteration(
+        X, k, warm.get(key), max_iters=warm_iters if key in warm else 30, check_every=2,
+        generator=generator)
+    return U, S, V, res
