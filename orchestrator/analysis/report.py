@@ -4,7 +4,9 @@
 gives one row per arm (mean and 95% t-interval over seeds, paired difference vs a baseline
 arm with Holm-adjusted p-values, Wilson interval of the divergence rate, loss spikes);
 ``write_report`` writes ``<root>/report/{report.md, arms.csv, trials.csv, metrics.csv, *.png}``
-and logs the folder to the sweep's MLflow parent run when it can find it.
+(plus ``verdicts``, ``frontier*`` and ``dual.csv`` where the sweep has claims, a family x lr
+grid or Manifold Muon matrices) and logs the folder to the sweep's MLflow parent run when it
+can find it.
 
 Metric rows are picked by name patterns (``ReportConfig``), because the metric vocabulary
 belongs to workloads/metrics; a figure whose rows are absent is skipped with one line in the
@@ -16,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.analysis.dual_health import write_dual
 from orchestrator.analysis.figures import _module_order, draw_figures, short_labels
 from orchestrator.analysis.frontier import write_frontier
 from orchestrator.analysis.load import (
@@ -95,6 +98,8 @@ def write_report(root: str | Path, baseline: str | None = None,
     with stage("verdicts + frontier"):
         lines += write_verdicts(data, out, cfg)  # the spec's claims: verdicts.{md,csv}
         lines += write_frontier(data, out, cfg)  # lr x family sweeps: frontier.{md,csv}
+    with stage("dual convergence"):
+        lines += write_dual(data.metrics, data.trials, data.root, out)  # Manifold Muon: dual.csv
     with stage("markdown"):
         lines += ["## Trials", "", _md_table(trials[lead]), ""]
         if skipped:
