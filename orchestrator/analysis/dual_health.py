@@ -59,7 +59,7 @@ def dual_table(metrics: pd.DataFrame, trials: pd.DataFrame,
     cols = ["arm", "module", "n", "at_tol", "capped", "res_median", "res_max", "passes_mean",
             "passes_max", "tol", "cap"]
     m = metrics[metrics["metric"].isin((RESIDUAL, PASSES))] if len(metrics) else metrics
-    if m is None or not len(m):
+    if not len(m):
         return pd.DataFrame(columns=cols)
     key = ["trial", "step", "module", "layer"]
     wide = (m.assign(trial=m["trial"].astype(str))
@@ -71,9 +71,8 @@ def dual_table(metrics: pd.DataFrame, trials: pd.DataFrame,
     wide = wide.merge(settings, on="trial", how="left")
     wide["arm"] = wide["trial"].map(arm_of)
     wide = wide[wide["arm"].notna()]
-    res, passes = wide[RESIDUAL].astype(float), wide[PASSES].astype(float)
-    wide["_at"] = res < wide["tol"]
-    wide["_cap"] = (passes >= wide["cap"]) & ~wide["_at"]
+    wide["_at"] = wide[RESIDUAL].astype(float) < wide["tol"]
+    wide["_cap"] = (wide[PASSES].astype(float) >= wide["cap"]) & ~wide["_at"]
     order = {a: i for i, a in enumerate(dict.fromkeys(trials["arm"].astype(str)))}
     rows = []
     for (arm, module), g in wide.groupby(["arm", "module"], sort=False):
