@@ -153,14 +153,25 @@ class ParquetSink:
 
     def train_losses(self, trial_id: str) -> list[float]:
         """The trial's train loss curve on disk, in step order (missing values as NaN)."""
+        t = self._curve_table(trial_id)
+        t = t.filter(pc.and_(pc.equal(t["split"], "train"), pc.equal(t["metric"], "loss")))
+        return [float("nan") if v is None else float(v) for v in t["value"].to_pylist()]
+
+    def curve_points(self, trial_id: str) -> list[dict]:
+        """The trial's curve on disk, in step order, as the points ``write_curve`` takes
+        (missing values as NaN): what a resumed driver re-sends to MLflow (sweep/callback.py)."""
+        points = self._curve_table(trial_id).to_pylist()
+        for p in points:
+            p["value"] = float("nan") if p["value"] is None else float(p["value"])
+        return points
+
+    def _curve_table(self, trial_id: str) -> pa.Table:
         _check_name("trial", trial_id)
         parts = sorted(self._list_parts("curves", trial_id))
         if not parts:
-            return []
+            return CURVE_SCHEMA.empty_table()
         t = pa.concat_tables([self._read("curves", trial_id, n) for n in parts])
-        t = t.filter(pc.and_(pc.equal(t["split"], "train"), pc.equal(t["metric"], "loss")))
-        t = t.sort_by([("step", "ascending")])
-        return [float("nan") if v is None else float(v) for v in t["value"].to_pylist()]
+        return t.sort_by([("step", "ascending")])
 
     def last_step(self, trial_id: str) -> int | None:
         """The highest step of the trial's curve/metrics rows on disk (None: no rows yet)."""

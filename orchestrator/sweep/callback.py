@@ -23,6 +23,12 @@ above the last step already on disk. The Parquet sink then drops the lost segmen
 trial's ``retries`` counts the restart; MLflow keeps the first value per step (see
 store/mlflow.py; on CPU a resumed run re-computes identical values).
 
+A driver killed between the two writes of one result (Parquet first, then MLflow) leaves
+points on disk that MLflow never got; when the trial's checkpoint is at that step, the resumed
+trial never re-reports them. So on this driver's first MLflow write of a trial, the curve
+already on disk goes with it and the at-most-once rule keeps only the points MLflow lacks.
+Only curves are filled: the scalar summaries of a report lost that way stay missing in MLflow.
+
 A resumed driver ``preload``s the records already in Parquet, so a trial Tune only
 re-finalises keeps its status and the sweep's result covers every trial. Works without Ray
 running: every hook only needs ``trial.trial_id`` and ``trial.config``.
@@ -118,6 +124,7 @@ class SinkCallback(Callback):
         self._resumed: set[str] = set()
         self._seen: set[str] = set()
         self._tagged: dict[str, dict[str, Any]] = {}  # MLflow tags already set per trial
+        self._caught_up: set[str] = set()  # trials whose on-disk curve this driver sent MLflow
         # queued writer events per trial that end by writing its record (all but restore):
         # while a later one is queued, an earlier one skips its write (it would be replaced)
         self._pending: dict[str, int] = {}
@@ -173,7 +180,7 @@ class SinkCallback(Callback):
     def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
         state = dict(self.__dict__)
         state.update(_queue=None, _thread=None, _error=None, _pending={}, _lock=None,
-                     _mlflow_later=None, _mlflow_error=None)
+                     _mlflow_later=None, _mlflow_error=None, _caught_up=set())
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -283,6 +290,7 @@ class SinkCallback(Callback):
                 if tid not in self._resumed:  # Tune did not see it (a Train worker restart)
                     rec["retries"] = (rec.get("retries") or 0) + 1
             self._resumed.discard(tid)
+        backlog = self._mlflow_backlog(tid)  # read before this report's points are on disk
         if self.parquet is not None:
             self.parquet.write_curve(tid, curve)
             self.parquet.write_metrics(tid, rows)
@@ -293,10 +301,19 @@ class SinkCallback(Callback):
             # points, the whole resolved config (first report of a trial only) and the tags
             # that changed: one transaction.
             tags = self._new_tags(tid, self._tags(rec))
-            self.mlflow.log_result(tid, curve, [(_scalars(result), step)],
+            self.mlflow.log_result(tid, backlog + curve, [(_scalars(result), step)],
                                    params=_config_of(result), tags=tags)
             self._tagged[tid].update(tags)
         self._write(rec)
+
+    def _mlflow_backlog(self, tid: str) -> list[dict]:
+        """On this driver's first MLflow write of a trial: its curve already in Parquet (a
+        crash between a result's Parquet and MLflow writes lost those points in MLflow only;
+        see the module docstring). Later writes, or no MLflow: nothing."""
+        if self.mlflow is None or self.parquet is None or tid in self._caught_up:
+            return []
+        self._caught_up.add(tid)
+        return self.parquet.curve_points(tid)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
         self._defer(self._do_trial_complete, trial) or self._do_trial_complete(trial)

@@ -284,6 +284,41 @@ def test_train_worker_restart_is_detected_without_tune(sinks):
     assert sorted(m.step for m in hist) == list(range(1, 41))  # every step once
 
 
+def test_resumed_driver_fills_the_mlflow_steps_a_crash_lost(sinks):
+    """A driver killed after a result's Parquet write and before its MLflow write, with the
+    trial's checkpoint at that result's step: the resumed trial goes on from step 31 and never
+    re-reports 21..30, yet the resumed driver's first MLflow write sends them (once)."""
+    ml, pq, parent, uri, root = sinks
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
+    t = FakeTrial("tr_00000", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    cb.on_trial_result(0, [], t, _payload(t, 1, 20))
+    pq.write_curve(t.trial_id, _payload(t, 21, 30)["_curve"])  # ... and the driver dies here
+    cb.flush()
+
+    from orchestrator.store.parquet import read_trial_records
+
+    ml2 = MlflowSink(uri, "geosweep", "sw")
+    ml2.start_parent("name: sw\n", {"sweep": "sw"}, {})
+    cb2 = cloudpickle.loads(cloudpickle.dumps(cb))  # Tune restores its pickled callbacks
+    cb2.parquet, cb2.mlflow = ParquetSink(root, "sw"), ml2
+    cb2.preload(read_trial_records(root, "sw"))
+    cb2.on_trial_restore(0, [], t)
+    cb2.on_trial_start(0, [], t)
+    cb2.on_trial_result(0, [], t, _payload(t, 31, 40))
+    cb2.on_trial_result(0, [], t, _payload(t, 41, 50, "completed"))
+    cb2.on_trial_complete(0, [], t)
+    client = MlflowClient(uri)
+    run = ml2._children[t.trial_id]
+    train = client.get_metric_history(run, "Loss/train")
+    assert sorted(m.step for m in train) == list(range(1, 51))  # every step once
+    assert {m.step: m.value for m in train}[25] == pytest.approx(10.0 / 25)
+    val = client.get_metric_history(run, "Loss/val")
+    assert sorted(m.step for m in val) == [10, 20, 30, 40, 50]
+    c = read_curves(root, sweep="sw")
+    assert sorted(c.loc[c["split"] == "train", "step"]) == list(range(1, 51))
+
+
 def test_preloaded_finished_trial_keeps_outcome_and_times(sinks):
     """A resumed driver preloads Parquet records; a finished trial Tune re-starts (its
     snapshot predates the finish) and completes without results keeps status and times; a
