@@ -23,11 +23,13 @@ above the last step already on disk. The Parquet sink then drops the lost segmen
 trial's ``retries`` counts the restart; MLflow keeps the first value per step (see
 store/mlflow.py; on CPU a resumed run re-computes identical values).
 
-A driver killed between the two writes of one result (Parquet first, then MLflow) leaves
-points on disk that MLflow never got; when the trial's checkpoint is at that step, the resumed
-trial never re-reports them. So on this driver's first MLflow write of a trial, the curve
+Writes run on a background thread, so a result can still be queued when Tune saves its
+experiment snapshot, which records each trial's latest checkpoint. ``get_state`` (called by
+that save, before the snapshot reaches storage) waits for the queue: a checkpoint a resumed
+driver restores from never lies past results that are not yet on disk. As a second guard, for
+a driver killed between the two writes of one result (Parquet first, then MLflow) with the
+trial's checkpoint at that step: on this driver's first MLflow write of a trial, the curve
 already on disk goes with it and the at-most-once rule keeps only the points MLflow lacks.
-Only curves are filled: the scalar summaries of a report lost that way stay missing in MLflow.
 
 A resumed driver ``preload``s the records already in Parquet, so a trial Tune only
 re-finalises keeps its status and the sweep's result covers every trial. Works without Ray
@@ -175,6 +177,16 @@ class SinkCallback(Callback):
 
     def on_experiment_end(self, trials: list, **info) -> None:
         self.flush()
+
+    def get_state(self) -> None:
+        """Tune's experiment snapshot (``TuneController.save_to_dir``) calls this after it has
+        captured the trials' checkpoints and before the snapshot is synced to storage: wait
+        until every queued write is on disk, so a checkpoint a resumed driver restores from
+        never lies past results still in the writer's queue (a ``kill -9`` would lose them,
+        and the restored trial never re-reports them). Errors are left to the next hook."""
+        if self._queue is not None:
+            self._queue.join()
+        return None
 
     # --- background writer ----------------------------------------------------------------
     def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
