@@ -168,8 +168,7 @@ class SinkCallback(Callback):
 
     def flush(self) -> None:
         """Wait until every queued write is done; re-raise the first writer error."""
-        if self._queue is not None:
-            self._queue.join()
+        self._wait_writes()
         self._check_mlflow()
         if self._error is not None:
             err, self._error = self._error, None
@@ -184,9 +183,11 @@ class SinkCallback(Callback):
         until every queued write is on disk, so a checkpoint a resumed driver restores from
         never lies past results still in the writer's queue (a ``kill -9`` would lose them,
         and the restored trial never re-reports them). Errors are left to the next hook."""
+        self._wait_writes()
+
+    def _wait_writes(self) -> None:
         if self._queue is not None:
             self._queue.join()
-        return None
 
     # --- background writer ----------------------------------------------------------------
     def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
