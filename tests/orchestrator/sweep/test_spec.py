@@ -18,9 +18,9 @@ from workloads.residual import RESIDUALS
 
 pytestmark = pytest.mark.timeout(120)
 
-SHIPPED = ["continuity_llama", "continuity_mlp", "continuity_mlp_core",
-           "manifold_assignment", "manifold_assignment_gpt2", "norm_ablation", "quickstart",
-           "spheret_p_search"]
+SHIPPED = ["continuity_llama", "continuity_mlp", "continuity_mlp_c2", "continuity_mlp_core",
+           "manifold_assignment", "manifold_assignment_b1", "manifold_assignment_gpt2",
+           "norm_ablation", "quickstart", "spheret_p_search"]
 
 
 def base() -> dict:
