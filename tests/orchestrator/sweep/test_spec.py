@@ -347,3 +347,31 @@ def test_continuity_mlp_core_is_the_claim_subset_of_continuity_mlp():
     for claim in core.claims:
         for side in (claim.arm, claim.baseline):
             assert _matches(trials, side).any(), (claim.id, side)
+
+
+@pytest.mark.parametrize("powered, source, claims", [
+    ("continuity_mlp_c2", "continuity_mlp", ("C2", "C2c")),
+    ("manifold_assignment_b1", "manifold_assignment", ("B1", "B1u")),
+])
+def test_powered_specs_rerun_their_source_with_more_seeds(powered, source, claims):
+    """A powered spec (docs/results.md, "the specs that can test the claims") is its source
+    spec's workload, budget and rules with more seeds: a verdict from it answers the same claim.
+    Its claims keep the source's metric, effect, direction, controls and length, and pick one
+    arm each side in its own grid."""
+    from orchestrator.analysis.verdicts import _matches
+    from orchestrator.sweep.space import grid_trials
+
+    p, s = load_spec(powered), load_spec(source)
+    for field in ("workload", "budget", "divergence", "resources"):
+        assert getattr(p, field) == getattr(s, field), field
+    assert len(p.seeds) > len(s.seeds)
+    assert [c.id for c in p.claims] == list(claims)
+    trials = pd.DataFrame(grid_trials(p))
+    by_id = {c.id: c for c in s.claims}
+    for c in p.claims:
+        src = by_id[c.id]
+        for f in ("metric", "effect", "effect_source", "direction", "controls", "min_steps",
+                  "n_classes", "alpha", "power"):
+            assert getattr(c, f) == getattr(src, f), (c.id, f)
+        for side in (c.arm, c.baseline):
+            assert _matches(trials, side).sum() == len(p.seeds), (c.id, side)
