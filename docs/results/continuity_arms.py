@@ -17,7 +17,9 @@ Columns (trial summaries, docs/metrics.md; "end" = the last step):
   wc.d10       cont/resid_ctop1_d10_mean, centred continuity at layer distance 10
   M7           cont/self0_resid_mean, |cos| of each layer's top vectors with its own at init
   gap<1.05     share of centred matrices whose s1/s2 < 1.05 at the end (top-1 ill-defined)
-Usage: PYTHONPATH=. python docs/results/continuity_arms.py SWEEP_DIR [--csv OUT.csv]
+Usage: PYTHONPATH=. python docs/results/continuity_arms.py SWEEP_DIR [RERUN_DIR ...] [--csv OUT.csv]
+A RERUN_DIR holds trials re-run under the final spec (same arm labels): each replaces the first
+sweep's trial of the same arm and seed, with its metric rows.
 """
 
 from __future__ import annotations
@@ -85,12 +87,29 @@ def _diff(a: pd.Series, b: pd.Series) -> str:
     return f"{r.mean:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}] (MDE {d:.3f})"
 
 
-def table(sweep: Path) -> pd.DataFrame:
-    data = load_sweep(sweep)
-    t = data.trials[data.trials["status"] == "completed"].copy()
-    curve = centred_curve(data.metrics)
+def load(sweeps: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(trials, metric rows) of the first sweep, with each later sweep's trials replacing the
+    ones of the same arm and seed (a re-run under the final spec)."""
+    trials, metrics = [], []
+    for k, sweep in enumerate(sweeps):  # trial ids prefixed by the sweep's position: unique
+        d = load_sweep(sweep)
+        new = d.trials.assign(trial=f"{k}/" + d.trials["trial"].astype(str))
+        key = set(zip(new["arm"], new["seed"]))
+        for i, old in enumerate(trials):
+            gone = old[[(a, s) in key for a, s in zip(old["arm"], old["seed"])]]["trial"]
+            trials[i] = old[~old["trial"].isin(gone)]
+            metrics[i] = metrics[i][~metrics[i]["trial"].isin(gone)]
+        trials.append(new)
+        metrics.append(d.metrics.assign(trial=f"{k}/" + d.metrics["trial"].astype(str)))
+    return pd.concat(trials, ignore_index=True), pd.concat(metrics, ignore_index=True)
+
+
+def table(sweeps: list[Path]) -> pd.DataFrame:
+    trials, metrics = load(sweeps)
+    t = trials[trials["status"] == "completed"].copy()
+    curve = centred_curve(metrics)
     peak = curve.loc[curve.groupby("trial")["wc"].idxmax()].set_index("trial")
-    gap = small_gap_share(data.metrics)
+    gap = small_gap_share(metrics)
     rows = []
     for block, act in BLOCKS.items():
         base = _select(t, act, DEFAULT).set_index("seed")
@@ -113,13 +132,14 @@ def table(sweep: Path) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sweep", type=Path)
+    ap.add_argument("sweeps", type=Path, nargs="+", metavar="SWEEP_DIR")
     ap.add_argument("--csv", type=Path, help="also write the table here")
     a = ap.parse_args(argv)
-    if not (a.sweep / "parquet" / "trials").is_dir():
-        print(f"error: {a.sweep} holds no sweep's Parquet trials table", file=sys.stderr)
-        return 2
-    out = table(a.sweep)
+    for sweep in a.sweeps:
+        if not (sweep / "parquet" / "trials").is_dir():
+            print(f"error: {sweep} holds no sweep's Parquet trials table", file=sys.stderr)
+            return 2
+    out = table(a.sweeps)
     if out.empty:
         print("error: no completed init-scale or optimiser arm in this sweep", file=sys.stderr)
         return 2
