@@ -35,7 +35,7 @@ from pathlib import Path
 from cluster.ray_loopback import LOOPBACK_VAR
 
 __all__ = ["RayNode", "MlflowServer", "ray_head", "ray_worker", "mlflow_server", "free_port",
-           "is_local_host", "network_warning", "wait_for_nodes"]
+           "is_local_host", "network_warning", "wait_for_nodes", "node_complete"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 _RAY_BIN = str(Path(sys.executable).with_name("ray"))
@@ -264,9 +264,19 @@ def ray_worker(address: str, num_cpus: float = 1, resources: dict[str, float] | 
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def wait_for_nodes(dashboard_url: str, n: int, timeout: float = 60.0,
-                   headers: dict[str, str] | None = None) -> list[dict]:
-    """Poll the dashboard until ``n`` nodes are alive; returns their summaries."""
+NODE_FIELDS = ("ip", "hostname", "raylet")
+
+
+def wait_for_nodes(dashboard_url: str, n: int, timeout: float = 120.0,
+                   headers: dict[str, str] | None = None,
+                   fields: tuple[str, ...] = NODE_FIELDS) -> list[dict]:
+    """Poll the dashboard until ``n`` nodes are alive *and their summaries are complete*.
+
+    A node that is still joining shows up ALIVE before the dashboard's agent has filled in its
+    summary (seen on a loaded 2-core CI box: a row without ``ip``). Returning that half-built
+    row made a caller's ``n["ip"]`` fail; so a row counts only once every key in ``fields`` is
+    present and non-empty, and the caller asserts on a state that is whole.
+    """
     deadline = time.time() + timeout
     alive: list[dict] = []
     while time.time() < deadline:
@@ -274,14 +284,21 @@ def wait_for_nodes(dashboard_url: str, n: int, timeout: float = 60.0,
             req = urllib.request.Request(dashboard_url + "/nodes?view=summary",
                                          headers=headers or {})
             data = json.loads(urllib.request.urlopen(req, timeout=5).read())
-            alive = [x for x in data["data"]["summary"] if x.get("raylet", {}).get("state")
-                     == "ALIVE"]
+            alive = [x for x in data["data"]["summary"] if node_complete(x, fields)]
             if len(alive) >= n:
                 return alive
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             pass
         time.sleep(1.0)
-    raise RuntimeError(f"only {len(alive)} of {n} Ray nodes alive after {timeout:.0f}s")
+    raise RuntimeError(f"only {len(alive)} of {n} Ray nodes alive with complete summaries "
+                       f"({', '.join(fields)}) after {timeout:.0f}s")
+
+
+def node_complete(row: dict, fields: tuple[str, ...] = NODE_FIELDS) -> bool:
+    """True when a dashboard node summary is ALIVE and carries every key in ``fields``."""
+    if not isinstance(row, dict) or (row.get("raylet") or {}).get("state") != "ALIVE":
+        return False
+    return all(row.get(f) not in (None, "", {}) for f in fields)
 
 
 @dataclass

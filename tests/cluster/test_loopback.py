@@ -124,3 +124,18 @@ def test_helper_head_and_joining_node_listen_on_loopback_only(monkeypatch):
     assert head.ports["dashboard"] in ports and head.ports["gcs"] in ports, describe(rows)
     assert len({pid for pid, comm, _, _ in rows if comm == "raylet"}) == 2, describe(rows)
     assert _exposed(rows) == [], describe(rows)
+
+
+@pytest.mark.parametrize("row, complete", [
+    ({"ip": "127.0.0.1", "hostname": "h", "raylet": {"state": "ALIVE"}}, True),
+    ({"hostname": "h", "raylet": {"state": "ALIVE"}}, False),  # joining: no ip yet (CI saw it)
+    ({"ip": "", "hostname": "h", "raylet": {"state": "ALIVE"}}, False),
+    ({"ip": "127.0.0.1", "hostname": "h", "raylet": {}}, False),
+    ({"ip": "127.0.0.1", "hostname": "h", "raylet": {"state": "DEAD"}}, False),
+    ({"ip": "127.0.0.1", "raylet": {"state": "ALIVE"}}, False),
+    (None, False),
+])
+def test_a_node_counts_only_once_its_summary_is_complete(row, complete):
+    from ray_services import node_complete
+
+    assert node_complete(row) is complete
