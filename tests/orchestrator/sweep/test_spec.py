@@ -270,7 +270,7 @@ def test_manifold_assignment_and_continuity_counts():
     assert set(s.space["optim.manifold.assignment"].grid) == set(STRATEGIES)
     assert len(grid_trials(s)) == 5 * 5
     mf = s.base_config().optim.manifold
-    assert (mf.dual_steps, mf.dual_tol, mf.init_match) == (20, 1e-6, True)
+    assert (mf.dual_mode, mf.dual_steps, mf.dual_tol, mf.init_match) == ("fast", 20, None, True)
     assert s.base_config().train.steps == 2000
 
     s = load_spec("continuity_mlp")
