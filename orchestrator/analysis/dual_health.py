@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 __all__ = ["RESIDUAL", "PASSES", "TOL_KEY", "STEPS_KEY", "dual_settings", "dual_table",
