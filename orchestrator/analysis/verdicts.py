@@ -1,6 +1,6 @@
 """Verdicts with a rule: does this sweep agree with a paper's claim, or can it not tell?
 
-A claim (orchestrator/sweep/claims.py) compares two arms on one per-trial value. The rule:
+A claim (orchestrator/spec/claims.py) compares two arms on one per-trial value. The rule:
 
 1. Completed trials only (a diverged trial has no comparable final value); each arm needs at
    least 2 seeds.
@@ -32,8 +32,8 @@ from scipy import stats as st
 from orchestrator.analysis.load import ReportConfig, SweepData
 from orchestrator.analysis.stats import mde, pooled_sd
 from orchestrator.analysis.tables import _md_table, _small_gap_share, gap_source
-from orchestrator.sweep.claims import Claim
-from orchestrator.sweep.params import ident
+from orchestrator.spec.claims import Claim
+from orchestrator.spec.params import ident
 
 __all__ = ["claim_verdict", "verdict_table", "load_claims", "write_verdicts", "AGREES",
            "DISAGREES", "UNTESTABLE"]

@@ -18,7 +18,7 @@ from orchestrator.analysis.verdicts import (
     claim_verdict,
     load_claims,
 )
-from orchestrator.sweep.claims import Claim
+from orchestrator.spec.claims import Claim
 
 LN10 = math.log(10)
 

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from orchestrator.analysis.verdicts import _select
-from orchestrator.sweep.spec import SpecError
-from orchestrator.sweep.spec_yaml import load_spec, spec_from_dict
+from orchestrator.spec.sweep_spec import SpecError
+from orchestrator.spec.yaml_reader import load_spec, spec_from_dict
 from search_spaces import list_specs
 
 pytestmark = pytest.mark.timeout(120)

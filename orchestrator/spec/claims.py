@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from orchestrator.sweep.params import strict
+from orchestrator.spec.params import strict
 
 __all__ = ["Claim", "CONTROLS"]
 

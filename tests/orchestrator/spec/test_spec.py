@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.sweep.spec import SpecError, SweepSpec
-from orchestrator.sweep.spec_yaml import MAX_SPEC_BYTES, load_spec, spec_from_dict, spec_from_text
+from orchestrator.spec.sweep_spec import SpecError, SweepSpec
+from orchestrator.spec.yaml_reader import MAX_SPEC_BYTES, load_spec, spec_from_dict, spec_from_text
 from search_spaces import list_specs, spec_path
 from workloads.optim import STRATEGIES
 from workloads.residual import RESIDUALS
