@@ -48,7 +48,8 @@ from orchestrator.analysis.tables import _md_table
 from orchestrator.spec.claims import DIVERGED, Claim, parse_rows_metric
 from orchestrator.spec.params import ident
 
-__all__ = ["claim_verdict", "verdict_table", "load_claims", "write_verdicts", "UNTESTABLE"]
+__all__ = ["claim_verdict", "verdict_table", "judge", "load_claims", "write_verdicts",
+           "UNTESTABLE"]
 
 UNTESTABLE = "not testable here"
 NAN = float("nan")
@@ -177,7 +178,7 @@ def claim_verdict(claim: Claim, trials: pd.DataFrame, metrics: pd.DataFrame | No
     row.update(c_row)
     blockers += [msg for name, msg in c_fails if name == "outgrew_init"]
     flags = [msg for name, msg in c_fails if name != "outgrew_init"]
-    signals = [_signal(s, ta, tb, ca, cb, metrics, claim) for s in claim.signals]
+    signals = [_signal(s, ca, cb, metrics, claim) for s in claim.signals]
     p = comp.p if p_adjusted is None else p_adjusted
     row["p_holm"] = p
     return _finish(row, claim, comp, blockers, flags, signals)
@@ -264,8 +265,8 @@ def _finish(row: dict, claim: Claim, comp: Comparison | None, blockers: list[str
             reasons.append(f"powered (MDE {mde:.3g} <= {whose} effect {claim.effect:.3g}): "
                            "an effect of that size would have been seen")
         elif comp.design == "rates":
-            reasons.append(f"divergence rates {row.get('diverged_arm')} vs "
-                           f"{row.get('diverged_baseline')}, Fisher p = {comp.p:.3g}")
+            reasons.append(f"divergence-rate difference {comp.diff:+.2f} [{comp.lo:+.2f}, "
+                           f"{comp.hi:+.2f}], Fisher p = {comp.p:.3g}")
     if math.isfinite(row.get("p_holm", NAN)) and row["p_holm"] != comp.p:
         reasons.append(f"Holm-adjusted p {row['p_holm']:.3g} over the spec's claims")
     if size != "-":
@@ -278,7 +279,19 @@ def _finish(row: dict, claim: Claim, comp: Comparison | None, blockers: list[str
     return row
 
 
-def _signal(s, ta, tb, ca, cb, metrics, claim: Claim) -> str:
+def judge(claim: Claim, comp: Comparison, *, blockers: list[str] = (), flags: list[str] = (),
+          signals: list[str] = (), p_adjusted: float | None = None) -> dict[str, Any]:
+    """The two answers from a comparison made elsewhere (``decision.from_summary`` on a
+    published table whose seeds are gone: docs/results/rejudge.py), by the same rule as
+    ``claim_verdict``; ``blockers`` / ``flags``: the preconditions and controls, as text."""
+    row: dict[str, Any] = {"claim": claim.id, "source": claim.source, "metric": claim.metric,
+                           "effect": claim.effect, "effect_source": claim.effect_source}
+    _numbers(row, claim, comp)
+    row["p_holm"] = comp.p if p_adjusted is None else p_adjusted
+    return _finish(row, claim, comp, list(blockers), list(flags), list(signals))
+
+
+def _signal(s, ca: pd.DataFrame, cb: pd.DataFrame, metrics, claim: Claim) -> str:
     va, vb = _values(s.metric, ca, metrics), _values(s.metric, cb, metrics)
     if va is None or vb is None:
         return f"{s.metric} {s.direction}: not recorded"
