@@ -178,7 +178,8 @@ def claim_verdict(claim: Claim, trials: pd.DataFrame, metrics: pd.DataFrame | No
     row.update(c_row)
     blockers += [msg for name, msg in c_fails if name == "outgrew_init"]
     flags = [msg for name, msg in c_fails if name != "outgrew_init"]
-    signals = [_signal(s, ca, cb, metrics, claim) for s in claim.signals]
+    done_a, done_b = ta[ta["status"] == "completed"], tb[tb["status"] == "completed"]
+    signals = [_signal(s, done_a, done_b, metrics, claim) for s in claim.signals]
     p = comp.p if p_adjusted is None else p_adjusted
     row["p_holm"] = p
     return _finish(row, claim, comp, blockers, flags, signals)
