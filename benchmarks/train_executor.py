@@ -58,7 +58,7 @@ def _steps_per_second() -> float:
 
 
 def _spec(name: str, arm: str, steps: int, trials: int):
-    from orchestrator.sweep.spec_yaml import spec_from_dict
+    from orchestrator.spec.yaml_reader import spec_from_dict
 
     executor, workers, cpus = ARMS[arm]
     return spec_from_dict({

@@ -20,7 +20,8 @@ __all__ = ["MSIGN_METHOD_NAMES", "DGRAM_RETRACTIONS", "ACTIVATION_NAMES", "NORM_
 
 MSIGN_METHOD_NAMES = ("polar_express", "ns5", "svd", "gram")  # geometry/msign.MSIGN_METHODS
 DGRAM_RETRACTIONS = ("paper_svd_sorted", "colnorm_polar")  # geometry/dgram.dgram_retract
-ACTIVATION_NAMES = ("relu", "gelu", "silu", "none", "radial", "radial_rms")  # models/mlp
+ACTIVATION_NAMES = ("relu", "gelu", "silu", "none", "radial", "radial_rms",  # models/mlp
+                    "tanh")
 NORM_NAMES = ("none", "layernorm", "rmsnorm")  # models/mlp.NORMS
 CONSTRAINT_NAMES = ("none", "stiefel", "dgram")  # geometry/manifolds.MANIFOLDS
 DUAL_MODE_NAMES = ("fast", "paper", "exact")  # geometry/dual.DUAL_MODES

@@ -81,7 +81,7 @@ class MLPConfig:
     depth: int = 16
     n_classes: int = 10
     skip: bool = True  # the residual connection (False: the NoRes arm)
-    activation: str = "relu"  # relu | gelu | silu | none | radial | radial_rms
+    activation: str = "relu"  # relu | gelu | silu | none | radial | radial_rms | tanh
     norm: str = "none"  # none | layernorm | rmsnorm  (applied to the block input)
     # hidden W ~ N(0, (init_scale * c)^2 / width): c = 1/sqrt(depth) with the skip, the He-style
     # gain of the activation without it (init "depth_scaled"), or c = 1 (init "fan_in", the

@@ -38,7 +38,7 @@ def dual_settings(root: str | Path, trials: pd.DataFrame) -> pd.DataFrame:
     f = Path(root) / "spec.yaml"
     if f.is_file():
         try:
-            from orchestrator.sweep.spec_yaml import load_spec
+            from orchestrator.spec.yaml_reader import load_spec
 
             m = load_spec(f).base_config().optim.manifold
         except Exception:  # an unreadable spec: the defaults, as the trials' params may fix

@@ -72,7 +72,7 @@ def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
     if ray.tune.get_context().get_trial_id() in finished:
         return
 
-    from orchestrator.sweep.params import arm_label
+    from orchestrator.spec.params import arm_label
     from orchestrator.sweep.space import flat_from_tune_config
     from workloads.config import apply_overrides, from_dict, to_dict
 

@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.spec.sweep_spec import SweepSpec
 from orchestrator.store.layout import SweepPaths, sweep_paths
 from orchestrator.sweep.experiments import Extension
 from orchestrator.sweep.interrupt import fit_watching_sigint
 from orchestrator.sweep.mlflow_start import StoreThread, import_driver_modules, mlflow_sink
 from orchestrator.sweep.progress import make_progress
-from orchestrator.sweep.spec import SweepSpec
 
 __all__ = ["SweepPaths", "SweepResult", "sweep_paths", "run_sweep", "make_progress", "Extension"]
 
@@ -242,6 +242,9 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
     prewarm(spec.resources)
     tune_dir = paths.ray_storage / exp.name
     if restore and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
+        from orchestrator.sweep.moved_modules import alias_moved_modules
+
+        alias_moved_modules()  # a sweep pickled before orchestrator/spec/ existed
         tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable,
                                    resume_unfinished=True, restart_errored=True,
                                    param_space=param_space)

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules, penalty_value
+from orchestrator.spec.divergence_rules import DivergenceRules
+from orchestrator.sweep.divergence import DivergenceMonitor, penalty_value
 from workloads.config import flatten, from_dict
 from workloads.report import Report
 
