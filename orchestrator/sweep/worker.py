@@ -139,10 +139,8 @@ def _claim_gpus(cfg: Any, share: float, mode: str, arm: str) -> str:
     its share, so a trial that outgrows it fails alone (orchestrator/sweep/gpu_fit.py)."""
     import ray
 
-    try:
-        ids = ray.get_gpu_ids()
-    except Exception:  # noqa: BLE001 - not inside a Ray worker (a direct call)
-        ids = []
+    # not inside Ray (a direct call): no GPU of Ray's (get_gpu_ids would start a Ray)
+    ids = ray.get_gpu_ids() if ray.is_initialized() else []
     if not ids:
         if cfg.train.device == "auto":
             cfg.train.device = "cpu"

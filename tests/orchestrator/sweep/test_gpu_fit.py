@@ -142,6 +142,7 @@ def test_visible_devices_match_ray_ids():
 def _fake_ray(monkeypatch, ids):
     import ray
 
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: ids)
 
 
@@ -152,6 +153,15 @@ def test_trial_refuses_to_run_on_gpus_ray_did_not_give_it(monkeypatch):
         worker._claim_gpus(preset("gpt-debug"), 0.5, "in_trial", "arm")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert worker._claim_gpus(preset("gpt-debug"), 0.5, "in_trial", "arm") == "1"
+
+
+def test_outside_ray_no_gpu_is_claimed_and_no_ray_is_started(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: pytest.fail("would start a Ray"))
+    cfg = preset("gpt-debug")
+    assert worker._claim_gpus(cfg, 0.0, "in_trial", "arm") == ""
+    assert cfg.train.device == "cpu" and not ray.is_initialized()
 
 
 def test_a_gpu_less_trial_trains_on_cpu_even_where_gpus_are_visible(monkeypatch):
