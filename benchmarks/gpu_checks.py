@@ -204,6 +204,8 @@ def check_c(ctx: Ctx, rows: list[Result]) -> None:
     p = ctx.profile
     fams = dict(gt.FAMILIES)
     base: dict[tuple[bool, int], float] = {}
+    # as benchmarks/gpu_throughput.py times them (the fp32 matmuls outside autocast)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     for lbl, comp, batch in _c_plan(p):
         name = f"{lbl}{'+compile' if comp else ''} B={batch}"
         need = p["compile_reserve"] if comp else 5.0
