@@ -19,7 +19,7 @@ from workloads.residual import RESIDUALS
 pytestmark = pytest.mark.timeout(120)
 
 SHIPPED = ["continuity_llama", "continuity_mlp", "continuity_mlp_c2", "continuity_mlp_core",
-           "manifold_assignment", "manifold_assignment_b1", "manifold_assignment_gpt2",
+           "gpu_smoke", "manifold_assignment", "manifold_assignment_b1", "manifold_assignment_gpt2",
            "norm_ablation", "quickstart", "spheret_p_search"]
 
 
