@@ -295,3 +295,23 @@ def test_config_defaults_are_the_modes_own():
     assert DualOptions(mode="exact").max_passes == 100
     assert DualOptions(mode="fast", tol=1e-5, steps=7).stop_tol == 1e-5
     assert DualOptions(mode="fast", tol=1e-5, steps=7).max_passes == 7
+
+
+def test_mode_dtypes_and_the_all_fp32_path_a_gpu_takes(monkeypatch):
+    """fast: fp32 tall products everywhere, n x n work fp64 on CPU and fp32 on CUDA (no fp64
+    on the GPU); the all-fp32 path, run here on CPU, still reports its true residual."""
+    import workloads.geometry.dual as dual
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert dual.mode_dtypes("fast", cpu) == (torch.float32, F64)
+    assert dual.mode_dtypes("fast", cuda) == (torch.float32, torch.float32)
+    assert dual.mode_dtypes("exact", cuda) == (F64, F64)
+    assert dual.ladder_floor("fast", 64, F64) == dual.FAST_FLOOR
+    assert dual.ladder_floor("fast", 64, torch.float32) > dual.FAST_FLOOR  # fp32 eigh's own
+    monkeypatch.setattr(dual, "mode_dtypes", lambda mode, device: (torch.float32,) * 2)
+    for P in (identity, off):
+        G, W = point(96, 24, 31, spread=3.0, low_rank=4)
+        r = solve_direction(G.float(), W.float(), P, DualOptions(mode="fast"))
+        true = float(true_residual(W, r.A.double(), P))
+        assert r.A.dtype == torch.float32 and int(r.passes) <= 20
+        assert abs(float(r.residual) - true) <= 1e-3 * true + 1e-6

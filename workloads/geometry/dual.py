@@ -11,11 +11,10 @@ H = P(W^T A + A^T W) with A = msign(G + 2 W Lambda).
 
 ``DUAL_MODES``, named by what they promise:
 
-- ``fast`` (default): Newton on the dual in Gram space (``dual_newton``), fp32 throughout,
-  batched over a shape bucket, stopping at ``tol`` (default 1e-4). fp32 Grams resolve
-  singular values of X down to ~sqrt(n eps) sigma_max only, so the last rung of its smoothing
-  ladder is that resolution (a direction at fp32's precision, as Polar Express gives plain
-  Muon) and it warm-starts from the previous step's multiplier.
+- ``fast`` (default): Newton on the dual in Gram space (``dual_newton``), fp32 tall products
+  (Grams, A, residual) and the n x n work in fp64 on CPU, fp32 on CUDA (``mode_dtypes``),
+  batched over a shape bucket, stopping at ``tol`` (default 1e-4); its smoothing ladder stops
+  at ``ladder_floor`` and it warm-starts from the previous step's multiplier and rung.
 - ``paper``: Paper B's ascent exactly (``dual_paper``): K = ``steps`` passes at most,
   alpha (1 - k/K), Polar Express msign (bf16 on CUDA, fp32 on CPU), a fresh start every step,
   its stop at ``tol`` (default 1e-6), on the raw G.
@@ -52,9 +51,34 @@ __all__ = ["DUAL_MODES", "MODE_TOL", "DEFAULT_DUAL", "DualOptions", "DualResult"
 Projector = Callable[[torch.Tensor], torch.Tensor]
 DUAL_MODES = ("fast", "paper", "exact")  # workloads/choices.py keeps the same names
 MODE_TOL = {m: tol for m, (tol, _) in DUAL_MODE_DEFAULTS.items()}  # dual_tol left null
-MODE_DTYPE = {"fast": torch.float32, "exact": torch.float64}
+_F32 = torch.float32
+FAST_FLOOR = torch.finfo(torch.float32).eps ** 0.5  # ~3.5e-4, see ladder_floor
+
+
+def mode_dtypes(mode: str, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """``(tall, small)``: the dtype of the tall products (Grams, A, residual) and of the n x n
+    work. ``exact``: fp64 and fp64. ``fast``: fp32 tall products; the n x n work in fp64 on
+    CPU and fp32 on CUDA (no fp64 on the GPU). Why not fp32 everywhere [measured, captured
+    gpt-debug gradients, docs/science.md §3.2.2]: an fp32 eigh resolves X's singular values
+    down to sqrt(n eps) sigma_max only, so the smoothing must stop there (mu ~ 3e-3), and on
+    near rank-deficient gradients that smoothed direction is up to 5% below the optimum in the
+    objective (median direction error 0.14); with fp64 n x n work on the fp32 Grams the
+    ladder goes down to ``FAST_FLOOR`` (~3.5e-4): objective gap <= 2e-3, median direction
+    error 1.5e-2 (Stiefel) / 4e-2 (DGram), for ~1.4x the CPU time of a cold solve. (fp64 Grams
+    too measured the same errors: the fp32 tall products are not what limits.)"""
+    if mode == "exact":
+        return torch.float64, torch.float64
+    return _F32, (_F32 if device.type == "cuda" else torch.float64)
+
+
+def ladder_floor(mode: str, n: int, small: torch.dtype) -> float:
+    """The ladder's last smoothing rung: the eigh's resolution sqrt(n eps) in the n x n dtype,
+    and for ``fast`` no lower than sqrt(eps32) ~ 3.5e-4 (``FAST_FLOOR``: deeper rungs cost
+    passes, ~2 each, for an objective gap already <= 2e-3 there)."""
+    floor = resolution(n, small)
+    return max(floor, FAST_FLOOR) if mode == "fast" else floor
 MU_START = 0.1  # a cold solve's first smoothing rung, ||G||_F = 1 units (dual_newton)
-WARM_RUNGS = 1.0  # a warm start begins on the rung the previous step ended on (x this)
+WARM_RUNGS = 3.1622776601683795  # a warm start begins one rung above where the previous step ended
 _F64 = torch.float64
 
 
@@ -155,9 +179,9 @@ def _square_stiefel(pb: GramProblem, tol: torch.Tensor) -> dict | None:
 def _newton(G: torch.Tensor, W: torch.Tensor, P: Projector, opts: DualOptions,
             L0: torch.Tensor | None, mu0: torch.Tensor | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The fast / exact modes: ``(A, passes, L, mu)``; A in the mode's dtype."""
-    dtype = MODE_DTYPE[opts.mode]
-    G, W = G.to(dtype), W.to(dtype)
+    """The fast / exact modes: ``(A, passes, L, mu)``; A in the mode's tall dtype."""
+    tall, dtype = mode_dtypes(opts.mode, W.device)
+    G, W = G.to(tall), W.to(tall)
     # Scale invariance: A(G) = A(c G) for c > 0, so solve at ||G||_F = 1.
     G = G / torch.linalg.matrix_norm(G).clamp_min(torch.finfo(dtype).tiny)[..., None, None]
     # A is invariant to W -> W / c (the condition is homogeneous in W), while the residual
@@ -165,7 +189,7 @@ def _newton(G: torch.Tensor, W: torch.Tensor, P: Projector, opts: DualOptions,
     # residual against the given W meets tol
     c = torch.linalg.vector_norm(W, dim=-2).amax(-1).clamp_min(torch.finfo(dtype).tiny)
     W = W / c[..., None, None]
-    pb = GramProblem(G, W, P, dtype)
+    pb = GramProblem(G, W, P, dtype)  # the Grams in the tall dtype, the rest in the small
     # (half of it: the solver stops on its Gram-space residual, and the A formed from the
     # Grams carries the working dtype's round-off on top, ~10-30% of it in fp32)
     tol, n, square = 0.5 * opts.stop_tol / c, W.shape[-1], W.shape[-2] == W.shape[-1]
@@ -173,11 +197,12 @@ def _newton(G: torch.Tensor, W: torch.Tensor, P: Projector, opts: DualOptions,
         sol = _square_stiefel(pb, opts.stop_tol / c)  # a closed form: no margin
         if sol is not None:
             ones = torch.ones(W.shape[:-2], dtype=torch.long, device=W.device)
-            return W @ sol["RW"], ones, sol["L"] / c[..., None, None], torch.zeros_like(c)
+            return (W @ sol["RW"].to(tall), ones, sol["L"] / c[..., None, None],
+                    torch.zeros_like(c))
     # the ladder's floor is the dtype's resolution; exact polishes unsmoothed below it. A warm
     # start (the previous step's multiplier: W and the momentum move little) starts on the
     # rung the previous step ended on (the batch's largest), or at the floor
-    floor = resolution(n, dtype)
+    floor = ladder_floor(opts.mode, n, dtype)
     L0 = usable_warm_start(L0, W) if opts.warm else None
     if L0 is not None:
         L0 = L0.to(dtype) * c[..., None, None]  # the scaled W's multiplier
@@ -190,7 +215,7 @@ def _newton(G: torch.Tensor, W: torch.Tensor, P: Projector, opts: DualOptions,
         L = -0.5 * P(0.5 * (pb.G1 + pb.G1.mT))
     st, passes = newton_solve(pb, L, opts.max_passes, tol, opts.cg_iters, start, floor,
                               polish=opts.mode == "exact")
-    A = G @ st["Q"] + W @ (2.0 * st["L"] @ st["Q"])
+    A = G @ st["Q"].to(tall) + W @ (2.0 * st["L"] @ st["Q"]).to(tall)
     return A, passes, st["L"] / c[..., None, None], st["mu2"].sqrt()
 
 
