@@ -1,0 +1,195 @@
+"""Where a command writes, resolved in one place and checked: every write target of a sweep
+folder (or of an output folder: ``continuity --out``, ``train --out``) stays inside it,
+whatever the folder's own files say (sweep.json, spec.yaml, mlflow.db, symlinks).
+
+The rules, for every writer (``run --resume``, ``resume``, ``eval``, ``report``, ``ui``,
+``continuity``, ``train``):
+
+- a place the folder's files name by a relative path (``./parquet``, ``./../elsewhere``,
+  ``sqlite:///./mlflow.db``, ``parquet``) is resolved against the folder, never the current
+  directory, and must lie inside it once ``..`` and symlinks are resolved;
+- a place inside the folder by name (its ``mlflow.db``, ``parquet/``, ``report/``, ``ray/``,
+  ``.lock`` ...) must not lead outside through a symlink on its way, the file itself included
+  (a symlinked ``mlflow.db`` is refused, not followed);
+- a place named outside the folder by an absolute path or a URI (an MLflow server,
+  ``s3://``, ``/data/x`` given as ``--parquet-root`` when the sweep was run) is the sweep's
+  recorded choice and is left as named;
+- every local path is valid UTF-8 (pyarrow and sqlite take UTF-8 text): a folder whose path
+  is not is refused in one line.
+
+``FolderError`` is the one-line refusal (the CLI prints it, exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FolderError", "SweepTargets", "sweep_targets", "check_utf8_path", "check_inside",
+           "check_entries", "check_tree", "resolve_local", "FOLDER_ENTRIES", "SQLITE"]
+
+SQLITE = "sqlite:///"
+# what a sweep folder holds (orchestrator/store/layout.py) and its writers write
+FOLDER_ENTRIES = ("sweep.json", "spec.yaml", ".lock", "mlflow.db", "mlartifacts", "parquet",
+                  "ray", "optuna.db", "report")
+_HINT = "; replace it by a real folder or file, or name that place in sweep.json"
+
+
+class FolderError(ValueError):
+    """A folder's path or one of its files points where a command must not write; one line."""
+
+
+def check_utf8_path(path: str | os.PathLike, what: str = "") -> None:
+    """Refuse a path that is not valid UTF-8 (a surrogate-escaped byte of the file system)."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        byte = text.encode("utf-8", "surrogateescape")[e.start:e.start + 1].hex()
+        raise FolderError(f"{what + ': ' if what else ''}the path '{shown}' is not valid UTF-8 "
+                          f"(byte 0x{byte}); rename the folder (Parquet and MLflow need UTF-8 "
+                          "paths)") from None
+
+
+def _within(real_root: Path, p: Path) -> bool:
+    return p == real_root or real_root in p.parents
+
+
+def check_inside(root: str | os.PathLike, target: str | os.PathLike, what: str = "",
+                 hint: str = _HINT, outside_hint: str | None = None) -> Path:
+    """``target`` (absolute, or relative to ``root``) inside ``root``: by name once ``..`` is
+    resolved, and through every symlink on its way that exists, the last part included.
+    Returns the target as an absolute path under ``root`` (symlinks not resolved)."""
+    root = Path(root).absolute()
+    check_utf8_path(root, what)
+    t = Path(target)
+    t = Path(os.path.normpath(t if t.is_absolute() else root / t))
+    real = root.resolve()
+    label = f"{what}: " if what else ""
+    try:
+        rel = t.relative_to(root)
+    except ValueError:
+        raise FolderError(f"{label}{target} is outside the sweep folder {root}"
+                          f"{hint if outside_hint is None else outside_hint}") from None
+    probe = root
+    for part in rel.parts:
+        probe = probe / part
+        if probe.is_symlink():
+            dest = probe.resolve()
+            if not _within(real, dest):
+                raise FolderError(f"{label}{probe} is a symlink to {dest}, outside the sweep "
+                                  f"folder{hint}")
+        elif not probe.exists():
+            break
+    return t
+
+
+def check_entries(root: str | os.PathLike, names: tuple[str, ...] = FOLDER_ENTRIES) -> None:
+    """The folder's own entries that exist (mlflow.db, parquet, report, .lock ...) do not lead
+    outside it through a symlink."""
+    for name in names:
+        check_inside(root, name)
+
+
+def check_tree(root: str | os.PathLike, sub: str) -> None:
+    """No symlink anywhere under ``root/sub`` leads outside the folder (the trees a resumed
+    sweep writes into: ``ray/``, ``parquet/``, ``mlartifacts/``)."""
+    root = Path(root).absolute()
+    real = root.resolve()
+    top = check_inside(root, sub)
+    if not top.is_dir() or top.is_symlink():
+        return
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if p.is_symlink() and not _within(real, p.resolve()):
+                raise FolderError(f"{p} is a symlink to {p.resolve()}, outside the sweep "
+                                  f"folder{_HINT}")
+
+
+def resolve_local(root: Path, value: str, sqlite: bool, what: str) -> str:
+    """A sweep.json value (MLflow URI or Parquet root) as an absolute URI or path: a relative
+    local path is taken from ``root`` and must stay inside it; an absolute one inside the folder
+    by name must not leave it through a symlink; URIs and absolute places outside are kept."""
+    prefix = SQLITE if sqlite and value.startswith(SQLITE) else ""
+    rest = value[len(prefix):]
+    if not prefix and "://" in rest:
+        if not rest.startswith("file://"):
+            return value  # a server, s3://, gs:// ...: outside by name
+        prefix, rest = "file://", rest[len("file://"):]
+    if not rest:
+        return value
+    root = Path(root).absolute()
+    p = Path(rest)
+    if not p.is_absolute():
+        # relative to the folder (never the current directory) and inside it
+        return prefix + str(check_inside(
+            root, rest, f"sweep.json {what}", outside_hint="; a relative path in a sweep "
+            "folder's files is the folder's (name a place outside by its absolute path)"))
+    check_utf8_path(p, f"sweep.json {what}")
+    norm = Path(os.path.normpath(p))
+    if norm == root or root in norm.parents:
+        return prefix + str(check_inside(root, norm, f"sweep.json {what}"))
+    return value  # an absolute place outside the folder, as recorded when the sweep ran
+
+
+# --- a sweep folder's targets, for its writers ------------------------------------------------
+
+@dataclass(frozen=True)
+class SweepTargets:
+    """A sweep folder's write targets, resolved and checked (``sweep_targets``)."""
+
+    root: Path  # the folder (absolute, its symlinks not resolved)
+    name: str  # the sweep's name (sweep.json)
+    manifest: dict  # sweep.json as read_manifest returns it (paths resolved and checked)
+    store_uri: str  # the MLflow store to write: sweep.json's, else the folder's own sqlite
+    parquet_root: str  # the Parquet dataset root
+
+    @property
+    def store_in_folder(self) -> bool:
+        """The MLflow store is a local sqlite file inside the folder (ours to check)."""
+        if not self.store_uri.startswith(SQLITE):
+            return False
+        p = Path(os.path.normpath(self.store_uri[len(SQLITE):]))
+        return p == self.root or self.root in p.parents
+
+    @property
+    def store_path(self) -> Path | None:
+        """The sqlite file of a local store, else None."""
+        return Path(self.store_uri[len(SQLITE):]) if self.store_uri.startswith(SQLITE) else None
+
+    def inside(self, *parts: str) -> Path:
+        """``root/parts...`` checked: no symlink on its way leads outside the folder."""
+        return check_inside(self.root, Path(*parts))
+
+    def parquet_target(self, *parts: str) -> str:
+        """A place under the Parquet root (``eval/sweep=S``); checked when it is in the folder."""
+        base = self.parquet_root
+        if "://" in base and not base.startswith("file://"):
+            return "/".join([base.rstrip("/"), *parts])
+        local = Path(base.removeprefix("file://"), *parts)
+        norm = Path(os.path.normpath(local))
+        if norm == self.root or self.root in norm.parents:
+            check_inside(self.root, norm)
+        return str(local)
+
+
+def sweep_targets(root: str | os.PathLike, deep: bool = False) -> SweepTargets:
+    """The targets of the sweep folder ``root``, every one checked; ``deep``: also every
+    symlink under the trees a resumed sweep writes (``ray/``, ``parquet/``, ``mlartifacts/``).
+    Raises FolderError (ManifestError for a broken sweep.json) in one line."""
+    from orchestrator.store.manifest import read_manifest
+
+    root = Path(root).expanduser().absolute()
+    check_utf8_path(root, "sweep folder")
+    check_entries(root)
+    manifest = read_manifest(root)
+    store = manifest.get("mlflow_uri") or f"{SQLITE}{root / 'mlflow.db'}"
+    t = SweepTargets(root, str(manifest["name"]), manifest, str(store),
+                     str(manifest["parquet_root"]))
+    if deep:
+        for sub in ("ray", "parquet", "mlartifacts"):
+            check_tree(root, sub)
+    return t
