@@ -385,8 +385,25 @@ def _read(root: str, kind: str, sweep: str | None, schema: pa.Schema | None,
             _raise_bad_part(root, kind)
             raise
     if _mismatch(table.schema, schema or TRIAL_SCHEMA):  # the first part's types (categorical)
-        _raise_bad_part(root, kind)
+        try:  # numbers written as text read as numbers, as a scan under the schema does
+            table = _conform(table, schema or TRIAL_SCHEMA)
+        except pa.ArrowException:
+            _raise_bad_part(root, kind)
+            raise
     return table.to_pandas(strings_to_categorical=categorical)
+
+
+def _conform(table: pa.Table, want: pa.Schema) -> pa.Table:
+    """``table`` with every column of ``want`` that it holds as another family cast to it."""
+    for f in want:
+        i = table.schema.get_field_index(f.name)
+        if i < 0 or _family(table.schema.field(i).type) in (_family(f.type), "null"):
+            continue
+        col = table.column(i)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        table = table.set_column(i, f.name, col.cast(f.type))
+    return table
 
 
 def _family(t: pa.DataType) -> str:

@@ -145,5 +145,9 @@ def _log_report(client: Any, uri: str, sweep: str, folder: Path, root: Path | No
         why = outside_artifacts(root, run.info.artifact_uri)
         if why:
             return f"not logged: {why}"
-    client.log_artifacts(run.info.run_id, str(folder), artifact_path="report")
+    # the repository of the location just checked, not MLflow's per-process cache of the run's
+    # repository (a location read before the folder's store was pointed back into it)
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    get_artifact_repository(run.info.artifact_uri).log_artifacts(str(folder), "report")
     return f"tables and figures logged to MLflow run {run.info.run_id} (artifacts report/)"

@@ -57,6 +57,15 @@ def _within(real_root: Path, p: Path) -> bool:
     return p == real_root or real_root in p.parents
 
 
+def _dest(link: Path) -> Path:
+    """Where a symlink leads; a loop is one line."""
+    try:
+        return link.resolve()
+    except (RuntimeError, OSError):  # "Symlink loop" (RuntimeError before Python 3.13)
+        raise FolderError(f"{link} is a symlink loop; replace it by a real folder or "
+                          "file") from None
+
+
 def check_inside(root: str | os.PathLike, target: str | os.PathLike, what: str = "",
                  hint: str = _HINT, outside_hint: str | None = None) -> Path:
     """``target`` (absolute, or relative to ``root``) inside ``root``: by name once ``..`` is
@@ -77,7 +86,7 @@ def check_inside(root: str | os.PathLike, target: str | os.PathLike, what: str =
     for part in rel.parts:
         probe = probe / part
         if probe.is_symlink():
-            dest = probe.resolve()
+            dest = _dest(probe)
             if not _within(real, dest):
                 raise FolderError(f"{label}{probe} is a symlink to {dest}, outside the sweep "
                                   f"folder{hint}")
@@ -104,8 +113,8 @@ def check_tree(root: str | os.PathLike, sub: str) -> None:
     for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
         for name in dirnames + filenames:
             p = Path(dirpath) / name
-            if p.is_symlink() and not _within(real, p.resolve()):
-                raise FolderError(f"{p} is a symlink to {p.resolve()}, outside the sweep "
+            if p.is_symlink() and not _within(real, _dest(p)):
+                raise FolderError(f"{p} is a symlink to {_dest(p)}, outside the sweep "
                                   f"folder{_HINT}")
 
 

@@ -1,0 +1,677 @@
+"""The third round of hostile cases (issue 28), one table per class of failure; the runner is
+tests/orchestrator/cli/test_hostile_round3.py. Each class is many cases of one kind, over every
+command it concerns, not one example:
+
+- ``escape``: writes that would leave the sweep folder (symlinks anywhere on the way, relative
+  paths in sweep.json, artifact locations in the folder's own mlflow.db);
+- ``foreign_store``: an mlflow.db that is not (this MLflow's) MLflow store;
+- ``broken_store``: an mlflow.db that is a folder, a pipe, truncated, garbage, locked, a loop;
+- ``secrets``: passwords in URLs and tokens must never be printed;
+- ``tracebacks``: non-UTF-8 paths, Parquet parts of the wrong types, seeds, odd layers,
+  refused checkpoints under ``resume``;
+- ``answers``: wrong or unclear answers (caps, garbage URIs, which field is named first,
+  bytes that are not UTF-8).
+
+Every case: the exit code, one stderr line matching a pattern (code 0: a pattern on stdout),
+no traceback, no Ray started, no secret printed, and no file under the case's folder changed
+or created but those the case names (``may_change``): a foreign database, a folder outside
+the sweep, an earlier report stay byte for byte as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import hostile_kit as kit
+from hostile_kit import sweep_folder
+from tiny_spec import spec_with
+
+SECRET = "S3cr3tPw-9f2"  # never printed (class secrets); appears in the URLs the cases give
+
+
+@dataclass
+class Case:
+    cls: str  # the class of failure (the module docstring)
+    id: str
+    argv: list[str]  # {tmp}, {spec}, {sweep}, {model}, {fake}, {http} are filled in
+    code: int
+    line: str  # a regex on the one stderr line (code 0: on stdout)
+    setup: Callable[[Path], object] | None = None
+    spec: str | None = None
+    env: dict | None = None
+    makes: tuple[str, ...] = ()  # code 0: globs that must exist afterwards
+    may_change: tuple[str, ...] = ()  # globs (under tmp) that may be written or created
+    cwd: str | None = None  # relative to tmp (default: tmp)
+    skip_root: bool = False  # meaningless as root (permissions)
+
+
+_EVAL = ["eval", "{fake}", "--no-hub", "--max-batches", "1"]
+_OUT = ["--out", "{tmp}/out"]
+_CONT = ["continuity", "{model}", "--out", "{tmp}/c"]
+# what a successful eval / report of the fake sweep writes
+_EVAL_WRITES = ("runs/fake/parquet/eval/**",)
+_REPORT_WRITES = ("runs/fake/report/**", "runs/fake/mlartifacts/**", "runs/fake/mlflow.db")
+
+
+def _outside(t: Path) -> Path:
+    """A folder of the user's beside the sweep, with a file that must stay as it is."""
+    o = t / "outside"
+    o.mkdir(exist_ok=True)
+    (o / "victim.txt").write_text("precious\n")
+    return o
+
+
+def _link(root: Path, name: str, t: Path, folder: bool = True) -> None:
+    """``root/name`` replaced by a symlink into ``outside/`` (its content moved there)."""
+    o = _outside(t)
+    src = root / name
+    dest = o / name
+    if src.exists():
+        shutil.move(str(src), str(dest))
+    elif folder:
+        dest.mkdir(parents=True, exist_ok=True)
+    else:
+        dest.write_text("x")
+    src.symlink_to(dest, target_is_directory=dest.is_dir())
+
+
+def _manifest(root: Path, **kv) -> None:
+    import json
+
+    m = json.loads((root / "sweep.json").read_text())
+    m.update(kv)
+    (root / "sweep.json").write_text(json.dumps(m))
+
+
+def _fake(t: Path, edit: Callable[[Path], object] | None = None) -> Path:
+    root = kit.fake_sweep(t)
+    _outside(t)
+    if edit is not None:
+        edit(root)
+    return root
+
+
+def _running(root: Path, trial: str = "abc12_00000") -> None:
+    """The trial's record says it was still running (an interrupted sweep)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = root / "parquet" / "trials" / "sweep=fake" / f"trial={trial}.parquet"
+    t = pq.read_table(f)
+    i = t.schema.get_field_index("status")
+    t = t.set_column(i, "status", pa.array(["running"] * len(t), type=pa.string()))
+    pq.write_table(t, f)
+
+
+def _trial0_ckpt(root: Path) -> Path:
+    return [p for p in kit.state_files(root) if "abc12_00000" in str(p)][-1]
+
+
+# --- class: escape --------------------------------------------------------------------------
+
+_ENTRY_LINKS = ("mlflow.db", "parquet", "report", "ray", "mlartifacts", "optuna.db",
+                "spec.yaml", ".lock")
+_MANIFEST_ESCAPES = {
+    "parquet-dot-dotdot": {"parquet_root": "./../outside/parquet"},
+    "parquet-bare-dotdot": {"parquet_root": "../outside/parquet"},
+    "parquet-down-and-out": {"parquet_root": "parquet/../../outside/parquet"},
+    "mlflow-dot-dotdot": {"mlflow_uri": "sqlite:///./../outside/mlflow.db"},
+    "mlflow-bare-dotdot": {"mlflow_uri": "sqlite:///../outside/mlflow.db"},
+}
+
+
+def _escape_cases() -> list[Case]:
+    out: list[Case] = []
+    for cmd in ("eval", "report", "ui", "resume"):
+        argv = _EVAL if cmd == "eval" else [cmd, "{fake}"]
+        for name in _ENTRY_LINKS:
+            out.append(Case("escape", f"{cmd}-symlinked-{name.strip('.')}", argv, 2,
+                            r"is a symlink to .*outside the sweep folder",
+                            setup=lambda t, n=name: _fake(t, lambda r: _link(
+                                r, n, t, folder=n not in ("mlflow.db", "optuna.db",
+                                                          "spec.yaml", ".lock")))))
+        for kind, kv in _MANIFEST_ESCAPES.items():
+            out.append(Case("escape", f"{cmd}-manifest-{kind}", argv, 2,
+                            r"sweep\.json (parquet_root|mlflow_uri): .* outside the sweep "
+                            r"folder", setup=lambda t, kv=kv: _fake(t, lambda r: _manifest(
+                                r, **kv))))
+        out.append(Case("escape", f"{cmd}-path-through-linked-folder", argv, 2,
+                        r"symlink to .*outside the sweep folder",
+                        setup=lambda t: _fake(t, lambda r: _through_link(r, t))))
+    # deeper than the folder's own entries: where each writer writes
+    out += [
+        Case("escape", "eval-symlinked-parquet-eval", _EVAL, 2,
+             r"parquet/eval is a symlink to .*outside",
+             setup=lambda t: _fake(t, lambda r: _link(r / "parquet", "eval", t))),
+        Case("escape", "resume-symlink-deep-in-ray", ["resume", "{fake}"], 2,
+             r"checkpoint_000001 is a symlink to .*outside",
+             setup=lambda t: _fake(t, lambda r: _link(_trial0_ckpt(r).parents[1].parent,
+                                                      "checkpoint_000001", t))),
+        Case("escape", "resume-symlink-deep-in-parquet", ["resume", "{fake}"], 2,
+             r"sweep=fake is a symlink to .*outside",
+             setup=lambda t: _fake(t, lambda r: _link(r / "parquet" / "trials", "sweep=fake",
+                                                      t))),
+        Case("escape", "resume-symlink-loop", ["resume", "{fake}"], 2, r"symlink loop",
+             setup=lambda t: _fake(t, lambda r: (r / "ray" / "loop").symlink_to(
+                 r / "ray" / "loop"))),
+        Case("escape", "run-resume-symlinked-mlflow-db", ["run", "{fake}/spec.yaml", "--out",
+                                                          "{tmp}/runs", "--resume"], 2,
+             r"mlflow.db is a symlink to .*outside",
+             setup=lambda t: _fake(t, lambda r: _link(r, "mlflow.db", t, folder=False))),
+        # the folder's own store says its artifacts live elsewhere (not a moved sweep's)
+        Case("escape", "report-artifacts-elsewhere", ["report", "{fake}"], 0,
+             r"not logged: the MLflow store in .* keeps this run's artifacts at .*outside",
+             setup=lambda t: _fake(t, lambda r: _artifacts_to(r, t / "outside" / "art")),
+             makes=("runs/fake/report/report.md",), may_change=("runs/fake/report/**",)),
+        Case("escape", "resume-artifacts-elsewhere", ["resume", "{fake}"], 2,
+             r"keeps this run's artifacts at .*outside",
+             setup=lambda t: _fake(t, lambda r: _artifacts_to(r, t / "outside" / "art"))),
+        # a moved copy: its store's locations point back into the copy, never the original
+        Case("escape", "report-moved-copy-writes-itself", ["report", "{fake}"], 0,
+             r"now point into .*runs/fake/mlartifacts", setup=_moved_copy,
+             makes=("runs/fake/mlartifacts/*/artifacts/report/report.md",),
+             may_change=_REPORT_WRITES),
+    ]
+    return out
+
+
+def _through_link(root: Path, t: Path) -> None:
+    """sweep.json names an absolute place inside the folder by name that a symlinked folder
+    on its way leads outside."""
+    o = _outside(t)
+    (o / "pq").mkdir()
+    (root / "data").symlink_to(o, target_is_directory=True)
+    _manifest(root, parquet_root=str(root / "data" / "pq"))
+
+
+def _artifacts_to(root: Path, where: Path) -> None:
+    con = sqlite3.connect(root / "mlflow.db")
+    with con:
+        con.execute("UPDATE experiments SET artifact_location = ? WHERE name = 'fake'",
+                    (str(where),))
+        con.execute("UPDATE runs SET artifact_uri = ? || '/' || run_uuid", (str(where),))
+    con.close()
+
+
+def _moved_copy(t: Path) -> Path:
+    """An original sweep folder (t/orig/fake, its store's locations its own), copied to
+    t/runs/fake: report of the copy must not write into the original."""
+    base = kit.fake_sweep(t / "o1")
+    orig = t / "orig" / "fake"
+    shutil.copytree(base, orig)
+    shutil.rmtree(t / "o1")
+    con = sqlite3.connect(orig / "mlflow.db")
+    old = con.execute("SELECT artifact_location FROM experiments WHERE name = 'fake'"
+                      ).fetchone()[0].rsplit("/mlartifacts", 1)[0]
+    with con:
+        con.execute("UPDATE experiments SET artifact_location = replace(artifact_location, ?, "
+                    "?)", (old, str(orig)))
+        con.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)",
+                    (old, str(orig)))
+    con.close()
+    shutil.copytree(orig, t / "runs" / "fake")
+    return t / "runs" / "fake"
+
+
+# --- class: foreign_store -------------------------------------------------------------------
+
+def _store_edit(make: Callable[[Path], object]) -> Callable[[Path], object]:
+    """A setup: the fake sweep with its mlflow.db changed by ``make``."""
+    return lambda t: _fake(t, lambda r: make(r / "mlflow.db"))
+
+
+def _theirs_with(make: Callable[[Path], object]) -> Callable[[Path], object]:
+    return lambda t: _theirs(t, make)
+
+
+def _theirs(t: Path, make: Callable[[Path], object]) -> None:
+    """``t/their.db``: a copy of a real MLflow store, then changed by ``make``."""
+    kit.fake_sweep(t / "src")
+    shutil.copy(t / "src" / "runs" / "fake" / "mlflow.db", t / "their.db")
+    shutil.rmtree(t / "src")
+    make(t / "their.db")
+
+
+def _sqlite(path: Path, *sql: str) -> None:
+    path.unlink(missing_ok=True)
+    con = sqlite3.connect(path)
+    with con:
+        for s in sql:
+            con.execute(s)
+    con.close()
+
+
+def _old_schema(path: Path) -> None:
+    con = sqlite3.connect(path)
+    with con:
+        con.execute("UPDATE alembic_version SET version_num = '0584bdc529eb'")
+    con.close()
+
+
+def _no_version(path: Path) -> None:
+    con = sqlite3.connect(path)
+    with con:
+        con.execute("DROP TABLE alembic_version")
+    con.close()
+
+
+FOREIGN: dict[str, tuple[Callable[[Path], None], str]] = {
+    "notes-db": (lambda p: _sqlite(p, "CREATE TABLE notes (x)", "INSERT INTO notes VALUES (1)"),
+                 r"not an MLflow store \(tables: notes\)"),
+    "optuna-db": (lambda p: _sqlite(p, "CREATE TABLE studies (study_id INTEGER)",
+                                    "CREATE TABLE trials (trial_id INTEGER)",
+                                    "CREATE TABLE alembic_version (version_num TEXT)"),
+                  r"not an MLflow store \(tables: alembic_version, studies, trials\)"),
+    "half-mlflow": (lambda p: _sqlite(p, "CREATE TABLE experiments (experiment_id INTEGER)",
+                                      "CREATE TABLE runs (run_uuid TEXT)"),
+                    r"not an MLflow store"),
+    "no-tables": (lambda p: _sqlite(p, "CREATE TABLE t (x)", "DROP TABLE t"),
+                  r"SQLite file without tables"),
+    "zero-bytes": (lambda p: (p.unlink(missing_ok=True), p.write_bytes(b"")),
+                   r"is an empty file"),
+    "old-schema": (_old_schema, r"MLflow store of schema 0584bdc529eb.*never migrates"),
+    "no-version": (_no_version, r"MLflow store of schema unknown.*never migrates"),
+}
+
+
+def _foreign_cases() -> list[Case]:
+    out: list[Case] = []
+    for kind, (make, pat) in FOREIGN.items():
+        fk = _store_edit(make)
+        out += [
+            Case("foreign_store", f"ui-{kind}", ["ui", "{fake}"], 2, pat, setup=fk),
+            Case("foreign_store", f"eval-{kind}", _EVAL, 0, rf"not logging to MLflow: .*{pat}",
+                 setup=fk, makes=("runs/fake/parquet/eval/sweep=fake/*.parquet",),
+                 may_change=_EVAL_WRITES),
+            Case("foreign_store", f"report-{kind}", ["report", "{fake}"], 0,
+                 rf"not logged: .*{pat}", setup=fk, makes=("runs/fake/report/arms.csv",),
+                 may_change=("runs/fake/report/**",)),
+            Case("foreign_store", f"resume-{kind}", ["resume", "{fake}"], 2, pat, setup=fk),
+            Case("foreign_store", f"run-mlflow-uri-{kind}",
+                 ["run", "{spec}", *_OUT, "--mlflow-uri", "sqlite:///{tmp}/their.db"], 2,
+                 rf"--mlflow-uri: .*{pat}", setup=lambda t, m=make: _theirs(t, m)),
+            Case("foreign_store", f"continuity-mlflow-uri-{kind}",
+                 [*_CONT, "--mlflow-uri", "sqlite:///{tmp}/their.db"], 2,
+                 rf"--mlflow-uri: .*{pat}", setup=lambda t, m=make: _theirs(t, m)),
+        ]
+    return out
+
+
+# --- class: broken_store ---------------------------------------------------------------------
+
+def _locked_db(path: Path) -> None:
+    """Another process holds an exclusive lock on the database (a stuck writer)."""
+    code = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
+            " c.execute('BEGIN EXCLUSIVE'); print('ok', flush=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ok"
+    kit.CHILDREN.append(p)
+
+
+def _swap(path: Path, make: Callable[[Path], object]) -> None:
+    path.unlink(missing_ok=True)
+    make(path)
+
+
+BROKEN: dict[str, tuple[Callable[[Path], object], str]] = {
+    "folder": (lambda p: _swap(p, lambda q: q.mkdir()), r"is a folder, not an SQLite file"),
+    "fifo": (lambda p: _swap(p, lambda q: os.mkfifo(q)), r"is not a regular file"),
+    "truncated": (lambda p: kit.truncate(p, 20000), r"is (unreadable|corrupt)"),
+    "garbage": (lambda p: _swap(p, lambda q: q.write_bytes(b"\x00garbage" * 100)),
+                r"is not an SQLite database"),
+    "header-only": (lambda p: _swap(p, lambda q: q.write_bytes(b"SQLite format 3\x00" +
+                                                               b"\xff" * 84)),
+                    r"is (unreadable|corrupt)"),
+    "locked": (_locked_db, r"is locked by another process"),
+}
+
+
+def _broken_cases() -> list[Case]:
+    out: list[Case] = []
+    for kind, (make, pat) in BROKEN.items():
+        fk, theirs = _store_edit(make), _theirs_with(make)
+        out += [
+            Case("broken_store", f"ui-{kind}", ["ui", "{fake}"], 2, pat, setup=fk),
+            Case("broken_store", f"eval-{kind}", _EVAL, 0, rf"not logging to MLflow: .*{pat}",
+                 setup=fk, makes=("runs/fake/parquet/eval/sweep=fake/*.parquet",),
+                 may_change=_EVAL_WRITES),
+            Case("broken_store", f"report-{kind}", ["report", "{fake}"], 0,
+                 rf"not logged: .*{pat}", setup=fk,
+                 makes=("runs/fake/report/report.md", "runs/fake/report/arms.csv",
+                        "runs/fake/report/trials.csv", "runs/fake/report/metrics.csv"),
+                 may_change=("runs/fake/report/**",)),
+            Case("broken_store", f"resume-{kind}", ["resume", "{fake}"], 2, pat, setup=fk),
+            Case("broken_store", f"run-mlflow-uri-{kind}",
+                 ["run", "{spec}", *_OUT, "--mlflow-uri", "sqlite:///{tmp}/their.db"], 2,
+                 rf"--mlflow-uri: .*{pat}", setup=theirs),
+            Case("broken_store", f"continuity-mlflow-uri-{kind}",
+                 [*_CONT, "--mlflow-uri", "sqlite:///{tmp}/their.db"], 2,
+                 rf"--mlflow-uri: .*{pat}", setup=theirs),
+        ]
+    # the default store of continuity's --out, broken
+    for kind in ("folder", "garbage", "truncated"):
+        make, pat = BROKEN[kind]
+        out.append(Case("broken_store", f"continuity-out-store-{kind}", _CONT, 2,
+                        rf"--out: .*{pat}", setup=lambda t, m=make: _cont_out_store(t, m)))
+    return out
+
+
+def _cont_out_store(t: Path, make: Callable[[Path], object]) -> None:
+    (t / "c").mkdir()
+    kit.fake_sweep(t / "src")
+    shutil.copy(t / "src" / "runs" / "fake" / "mlflow.db", t / "c" / "mlflow.db")
+    shutil.rmtree(t / "src")
+    make(t / "c" / "mlflow.db")
+
+
+# --- class: secrets --------------------------------------------------------------------------
+
+_USERINFO = f"user:{SECRET}@"
+
+
+def _secret_cases() -> list[Case]:
+    dead = f"http://{_USERINFO}127.0.0.1:9"
+    return [
+        Case("secrets", "run-mlflow-uri-userinfo-dead", ["run", "{spec}", *_OUT, "--mlflow-uri",
+                                                         dead], 2,
+             r"--mlflow-uri: MLflow server http://user:\*\*\*@127\.0\.0\.1:9 is unreachable"),
+        Case("secrets", "run-mlflow-uri-userinfo-not-mlflow",
+             ["run", "{spec}", *_OUT, "--mlflow-uri", f"http://{_USERINFO}{{http}}"], 2,
+             r"user:\*\*\*@127\.0\.0\.1:\d+ answers HTTP \d+ at /health"),
+        Case("secrets", "run-mlflow-uri-lone-token",
+             ["run", "{spec}", *_OUT, "--mlflow-uri", f"https://{SECRET}@127.0.0.1:9"], 2,
+             r"https://\*\*\*@127\.0\.0\.1:9 is unreachable"),
+        Case("secrets", "run-mlflow-uri-query-token",
+             ["run", "{spec}", *_OUT, "--mlflow-uri", f"http://127.0.0.1:9/?token={SECRET}"], 2,
+             r"token=\*\*\* is unreachable"),
+        Case("secrets", "run-set-tracking-userinfo",
+             ["run", "{spec}", *_OUT, "--set", f"tracking.mlflow_uri={dead}"], 2,
+             r"user:\*\*\*@.* is unreachable"),
+        Case("secrets", "run-spec-tracking-userinfo", ["run", "{spec}", *_OUT], 2,
+             r"user:\*\*\*@.* is unreachable",
+             spec=spec_with(tracking=f"{{mlflow_uri: '{dead}'}}")),
+        Case("secrets", "continuity-mlflow-uri-userinfo", [*_CONT, "--mlflow-uri", dead], 2,
+             r"user:\*\*\*@127\.0\.0\.1:9 is unreachable"),
+        Case("secrets", "search-p-mlflow-uri-userinfo",
+             ["search-p", *_OUT, "--set", f"tracking.mlflow_uri={dead}"], 2,
+             r"user:\*\*\*@127\.0\.0\.1:9 is unreachable"),
+        *[Case("secrets", f"{cmd}-address-userinfo", [cmd, *extra, "--address", dead], 2,
+               r"http://user:\*\*\*@127\.0\.0\.1:9")
+          for cmd, extra in (("jobs", []), ("logs", ["j1"]), ("stop", ["j1"]),
+                             ("submit", ["{spec}"]))],
+        Case("secrets", "jobs-ray-address-env-userinfo", ["jobs"], 2,
+             r"http://user:\*\*\*@127\.0\.0\.1:9", env={"RAY_ADDRESS": dead}),
+        Case("secrets", "run-address-userinfo",
+             ["run", "{spec}", *_OUT, "--address", f"ray://{_USERINFO}127.0.0.1:1"], 2,
+             r"--address: cannot reach Ray at ray://user:\*\*\*@127\.0\.0\.1:1"),
+        Case("secrets", "run-ray-address-env-userinfo", ["run", "{spec}", *_OUT], 2,
+             r"RAY_ADDRESS: cannot reach Ray at ray://user:\*\*\*@",
+             env={"RAY_ADDRESS": f"ray://{_USERINFO}127.0.0.1:1"}),
+        Case("secrets", "eval-manifest-server-userinfo", _EVAL, 0,
+             r"not logging to MLflow: MLflow server http://user:\*\*\*@127\.0\.0\.1:9 is "
+             r"unreachable", setup=lambda t: _fake(t, lambda r: _manifest(r, mlflow_uri=dead)),
+             makes=("runs/fake/parquet/eval/sweep=fake/*.parquet",), may_change=_EVAL_WRITES),
+        Case("secrets", "report-manifest-server-userinfo", ["report", "{fake}"], 0,
+             r"not logged: MLflow server http://user:\*\*\*@127\.0\.0\.1:9 is unreachable",
+             setup=lambda t: _fake(t, lambda r: _manifest(r, mlflow_uri=dead)),
+             makes=("runs/fake/report/report.md",), may_change=("runs/fake/report/**",)),
+        Case("secrets", "ui-manifest-server-userinfo", ["ui", "{fake}"], 0,
+             r"logs to the MLflow server http://user:\*\*\*@127\.0\.0\.1:9",
+             setup=lambda t: _fake(t, lambda r: _manifest(r, mlflow_uri=dead))),
+        Case("secrets", "resume-manifest-server-userinfo", ["resume", "{fake}"], 2,
+             r"user:\*\*\*@127\.0\.0\.1:9 is unreachable",
+             setup=lambda t: _fake(t, lambda r: _manifest(r, mlflow_uri=dead))),
+        Case("secrets", "run-env-token-in-uri", ["run", "{spec}", *_OUT, "--mlflow-uri",
+                                                 f"http://127.0.0.1:9/{SECRET}/x"], 2,
+             r"http://127\.0\.0\.1:9/\*\*\*/x is unreachable",
+             env={"MLFLOW_TRACKING_TOKEN": SECRET}),
+    ]
+
+
+# --- class: tracebacks -----------------------------------------------------------------------
+
+_BAD = "u\udcffx"  # a folder name that is not UTF-8 (the byte 0xff, as the file system has it)
+
+
+def _in_bad_dir(t: Path) -> Path:
+    d = t / _BAD
+    d.mkdir()
+    return d
+
+
+def _bad_dir_sweep(t: Path) -> None:
+    root = kit.fake_sweep(t)
+    shutil.move(str(root.parent), str(_in_bad_dir(t) / "runs"))
+
+
+def _part(t: Path, kind: str, column: str, values: list) -> None:
+    """A part of ``kind`` in the fake sweep whose ``column`` holds ``values``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = _fake(t)
+    base = {"curves": {"step": [1, 2], "split": ["train", "train"], "metric": ["loss", "loss"],
+                       "value": [1.0, 2.0], "wall_time": [0.0, 1.0]},
+            "metrics": {"step": [1, 1], "metric": ["m", "m"], "module": ["q", "q"],
+                        "layer": [0, 1], "next_layer": [1, 2], "value": [0.5, 0.4]}}[kind]
+    cols = dict(base, **{column: values})
+    d = root / "parquet" / kind / "sweep=fake" / "trial=abc12_00000"
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), d / "part-00000001-00000002.parquet")
+
+
+def _trial_part(t: Path, column: str, value) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = _fake(t)
+    f = root / "parquet" / "trials" / "sweep=fake" / "trial=abc12_00000.parquet"
+    tab = pq.read_table(f)
+    i = tab.schema.get_field_index(column)
+    tab = tab.set_column(i, column, pa.array([value] * len(tab)))
+    pq.write_table(tab, f)
+
+
+def _layers(t: Path, shapes: list[tuple[int, ...]], role: str = "mlp.c_fc") -> None:
+    """A GPT-2 layout of 3 layers whose ``role`` weight has ``shapes[i]`` in layer i."""
+    import torch
+    from safetensors.torch import save_file
+
+    (t / "model").mkdir()
+    tensors = {}
+    for i in range(3):
+        for r in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            shape = shapes[i] if r == role else (8, 24) if r == "attn.c_attn" else (8, 8)
+            tensors[f"transformer.h.{i}.{r}.weight"] = torch.randn(shape)
+    save_file(tensors, str(t / "model" / "model.safetensors"))
+
+
+def _refused_ckpt(t: Path, raw: bytes | None) -> None:
+    root = _fake(t, _running)
+    f = _trial0_ckpt(root)
+    if raw is None:
+        kit.evil_state_file(f)
+    else:
+        f.write_bytes(raw)
+
+
+def _traceback_cases() -> list[Case]:
+    out: list[Case] = []
+    for cmd in ("status", "report", "eval", "ui", "resume"):
+        argv = ["eval", "runs/fake", "--no-hub"] if cmd == "eval" else [cmd, "runs/fake"]
+        out.append(Case("tracebacks", f"{cmd}-folder-path-not-utf8", argv, 2,
+                        r"the path '.*u\\xffx/runs/fake' is not valid UTF-8 \(byte 0xff\)",
+                        setup=_bad_dir_sweep, cwd=_BAD))
+        out.append(Case("tracebacks", f"{cmd}-argv-not-utf8", [cmd, f"{{tmp}}/{_BAD}"], 2,
+                        r"argument '.*u\\xffx' is not valid UTF-8 \(byte 0xff",
+                        setup=_in_bad_dir))
+    out += [
+        Case("tracebacks", "run-out-not-utf8", ["run", "{spec}", "--out", "o"], 2,
+             r"--out: the path .*u\\xffx/o' is not valid UTF-8", setup=_in_bad_dir, cwd=_BAD),
+        Case("tracebacks", "train-out-not-utf8", ["train", "--preset", "gpt-debug", "--out",
+                                                  "o"], 2,
+             r"--out: the path .*u\\xffx/o' is not valid UTF-8", setup=_in_bad_dir, cwd=_BAD),
+        Case("tracebacks", "continuity-out-not-utf8", ["continuity", "{model}", "--out", "c"],
+             2, r"--out: the path .*u\\xffx/c' is not valid UTF-8",
+             setup=lambda t: (_in_bad_dir(t), kit.nan_model(t)), cwd=_BAD),
+    ]
+    # Parquet parts of the wrong column types: one line naming the file
+    for kind, col, values, typ in (
+            ("curves", "step", ["a", "b"], "string"), ("curves", "step", ["1", "x"], "string"),
+            ("curves", "value", ["x", "y"], "string"), ("curves", "split", [[1], [2]], "list<.*>"),
+            ("curves", "metric", [1.5, 2.5], "double"),
+            ("metrics", "layer", ["x", "y"], "string"), ("metrics", "value", ["x", "y"],
+                                                          "string"),
+            ("metrics", "next_layer", ["one", "two"], "string")):
+        out.append(Case("tracebacks", f"report-{kind}-{col}-is-{values[-1]!s:.3}-{typ[:6]}",
+                        ["report", "{fake}"], 2,
+                        rf"{kind}/sweep=fake/trial=abc12_00000/part-00000001-00000002\.parquet: "
+                        rf"column '{col}' is {typ}, a {kind} part holds",
+                        setup=lambda t, k=kind, c=col, v=values: _part(t, k, c, v)))
+    # numbers written as text, or text as numbers, are read as the schema says: a report
+    for kind, col, values in (("curves", "step", ["1", "2"]), ("curves", "split", [1, 2]),
+                              ("metrics", "layer", ["0", "1"]), ("metrics", "module", [1, 2])):
+        out.append(Case("tracebacks", f"report-{kind}-{col}-castable-{values[0]}",
+                        ["report", "{fake}"], 0, r"# Sweep report: fake",
+                        setup=lambda t, k=kind, c=col, v=values: _part(t, k, c, v),
+                        makes=("runs/fake/report/report.md",), may_change=_REPORT_WRITES))
+    for col, value, typ in (("status", 3, "int64"), ("final_val_loss", "low", "string"),
+                            ("arm", 1.5, "double"), ("last_step", "eight", "string")):
+        for cmd in ("status", "report"):
+            out.append(Case("tracebacks", f"{cmd}-trials-{col}-is-{typ}", [cmd, "{fake}"], 2,
+                            rf"trial=abc12_00000\.parquet: column '{col}' is {typ}",
+                            setup=lambda t, c=col, v=value: _trial_part(t, c, v)))
+    # seeds beyond numpy's and torch's seeders
+    for v in ("4294967296", "-1", "18446744073709551616", str(2**70)):
+        out.append(Case("tracebacks", f"train-seed-{v}", ["train", "--preset", "gpt-debug",
+                                                          "--set", f"train.seed={v}"], 2,
+                        r"train\.seed: must be an integer in \[0, 2\*\*32\)"))
+    # continuity over layers it cannot compare
+    for name, shapes, pat in (
+            ("growing", [(8, 8), (16, 8), (24, 8)], r"h\.1\.mlp\.c_fc\.weight has shape "
+             r"\(16, 8\) but layer 0's"),
+            ("last-differs", [(8, 8), (8, 8), (8, 4)], r"h\.2\.mlp\.c_fc\.weight has shape "
+             r"\(8, 4\)"),
+            ("one-1d", [(8, 8), (8,), (8, 8)], r"h\.1\.mlp\.c_fc\.weight has shape \(8,\); "
+             r"role .* needs a matrix"),
+            ("all-1d", [(8,), (8,), (8,)], r"h\.0\.mlp\.c_fc\.weight has shape \(8,\)"),
+            ("3d", [(2, 8, 8), (2, 8, 8), (2, 8, 8)], r"has shape \(2, 8, 8\)"),
+            ("scalar", [(), (), ()], r"has shape \(\)")):
+        out.append(Case("tracebacks", f"continuity-layers-{name}", _CONT, 2, pat,
+                        setup=lambda t, s=shapes: _layers(t, s)))
+    # resume: a checkpoint its unfinished trial would load is refused, naming the file in
+    # the folder (not a worker's temporary copy), before Ray starts
+    for name, raw, pat in (("evil", None, r"refused to load: it pickles"),
+                           ("truncated", b"PK\x03\x04junk", r"truncated or corrupt"),
+                           ("empty", b"", r"truncated or corrupt"),
+                           ("garbage", b"\x80\x02garbage" * 10, r"truncated or corrupt")):
+        out.append(Case("tracebacks", f"resume-checkpoint-{name}", ["resume", "{fake}"], 2,
+                        r"runs/fake/ray/tune/trial_driver_abc12_00000_[^ ]*/step-00000008/"
+                        rf"state\.pt: .*{pat}.*resume loads it for its unfinished trial",
+                        setup=lambda t, r=raw: _refused_ckpt(t, r)))
+    return out
+
+
+# --- class: answers --------------------------------------------------------------------------
+
+_RANDOM = spec_with(search="{algorithm: random, num_samples: 2}",
+                    space="{optim.lr: {loguniform: [1.0e-4, 1.0e-2]}}")
+
+
+def _answer_cases() -> list[Case]:
+    out: list[Case] = []
+    for v in ("100000000000000000000", "100001", "1e20"):
+        out.append(Case("answers", f"num-samples-{v}-dry-run", ["run", "{spec}", "--dry-run",
+                                                                "--set",
+                                                                f"search.num_samples={v}"], 2,
+                        r"search\.num_samples: ", spec=_RANDOM))
+    out += [
+        Case("answers", "num-samples-1e20-in-file", ["run", "{spec}", "--dry-run"], 2,
+             r"search\.num_samples: Input should be less than or equal to 100000",
+             spec=spec_with(_RANDOM, search="{algorithm: random, num_samples: "
+                            "100000000000000000000}")),
+        Case("answers", "search-seed-2pow32", ["run", "{spec}", "--dry-run", "--set",
+                                               "search.seed=4294967296"], 2, r"search\.seed",
+             spec=_RANDOM),
+    ]
+    for name, uri, pat in (
+            ("garbage", "garbage", r"a folder store, which MLflow 3 no longer writes"),
+            ("relative-folder", "./runs/mlruns", r"a folder store"),
+            ("file-uri", "file:///{tmp}/mlruns", r"a folder store"),
+            ("absolute-folder", "{tmp}/mlruns", r"a folder store"),
+            ("percent-garbage", "qq:%%", r"unknown scheme 'qq'"),
+            ("sqlite-no-path", "sqlite://", r"names no database"),
+            ("sqlite-memory", "sqlite:///:memory:", r"names no database"),
+            ("http-no-host", "http://", r"MLflow server http:// is (unreachable|not a valid)"),
+            ("http-bad-port", "http://127.0.0.1:port", r"not a valid URL")):
+        for cmd, argv in (("continuity", _CONT), ("run", ["run", "{spec}", *_OUT])):
+            out.append(Case("answers", f"{cmd}-mlflow-uri-is-{name}", [*argv, "--mlflow-uri", uri],
+                            2, rf"--mlflow-uri: .*{pat}"))
+    # a spec whose own fields are wrong is said so before a wrong RAY_ADDRESS
+    dead_ray = {"RAY_ADDRESS": "127.0.0.1:1"}
+    for name, spec, pat in (
+            ("mlflow-unwritable", spec_with(tracking="{mlflow_uri: 'sqlite:////proc/gs/m.db'}"),
+             r"--mlflow-uri"),
+            ("mlflow-dead-server", spec_with(tracking="{mlflow_uri: 'http://127.0.0.1:9'}"),
+             r"--mlflow-uri: MLflow server .* unreachable"),
+            ("mlflow-ftp", spec_with(tracking="{mlflow_uri: 'ftp://h/x'}"), r"unknown scheme"),
+            ("mlflow-folder-store", spec_with(tracking="{mlflow_uri: 'mlruns'}"),
+             r"a folder store"),
+            ("parquet-unwritable", spec_with(tracking="{parquet_root: /proc/gs}"),
+             r"--parquet-root"),
+            ("parquet-scheme", spec_with(tracking="{parquet_root: 'foo://b/x'}"),
+             r"--parquet-root: unknown scheme"),
+            ("cache-unwritable", spec_with(workload="{preset: gpt-debug, overrides: "
+                                                    "{data.cache_dir: /proc/gs}}"),
+             r"data\.cache_dir")):
+        out.append(Case("answers", f"run-spec-{name}-before-ray-address", ["run", "{spec}",
+                                                                           *_OUT], 2, pat,
+                        spec=spec, env=dead_ray))
+    out += [
+        Case("answers", "resume-folder-store-before-ray-address", ["resume", "{fake}"], 2,
+             r"is a folder, not an SQLite file", env=dead_ray,
+             setup=lambda t: _fake(t, lambda r: BROKEN["folder"][0](r / "mlflow.db"))),
+        Case("answers", "resume-foreign-store-before-ray-address", ["resume", "{fake}"], 2,
+             r"not an MLflow store", env=dead_ray,
+             setup=lambda t: _fake(t, lambda r: FOREIGN["notes-db"][0](r / "mlflow.db"))),
+    ]
+    # bytes that are not UTF-8, and control characters, in --set values: one line
+    for cmd, argv in (("run", ["run", "{spec}", *_OUT]), ("train", ["train", "--preset",
+                                                                     "gpt-debug"]),
+                      ("search-p", ["search-p", *_OUT]), ("dry-run", ["run", "{spec}",
+                                                                       "--dry-run"])):
+        out.append(Case("answers", f"{cmd}-set-not-utf8", [*argv, "--set", "name=ab\udcffc"], 2,
+                        r"--set value 'name=ab\\xffc' is not valid UTF-8 \(byte 0xff at 7\)"))
+        out.append(Case("answers", f"{cmd}-set-control-char", [*argv, "--set",
+                                                               "train.device=a\x07b"], 2,
+                        r"cannot parse value 'a\\x07b': unacceptable character"))
+    out.append(Case("answers", "run-spec-path-not-utf8", ["run", "{tmp}/s\udcff.yaml", *_OUT],
+                    2, r"argument '.*s\\xff\.yaml' is not valid UTF-8"))
+    return out
+
+
+CLASSES = ("escape", "foreign_store", "broken_store", "secrets", "tracebacks", "answers")
+CASES: list[Case] = (_escape_cases() + _foreign_cases() + _broken_cases() + _secret_cases()
+                     + _traceback_cases() + _answer_cases())
+
+
+def counts() -> dict[str, int]:
+    return {c: sum(k.cls == c for k in CASES) for c in CLASSES}
+
+
+def wait_gone(paths: list[Path], timeout: float = 5.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(p.exists() for p in paths):
+        time.sleep(0.05)
+
+
+sweep_folder = sweep_folder  # re-exported for cases that need a bare folder
