@@ -37,6 +37,12 @@ def staged_folder(final: str | os.PathLike) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+    except OSError as e:  # named by the place the user knows, not the temporary folder
+        _remove(tmp)
+        name = str(e.filename or "")
+        if name.startswith(str(tmp)):
+            raise OSError(e.errno, e.strerror, str(final) + name[len(str(tmp)):]) from None
+        raise
     except BaseException:
         _remove(tmp)
         raise

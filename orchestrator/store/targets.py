@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 __all__ = ["FolderError", "SweepTargets", "sweep_targets", "check_utf8_path", "check_inside",
            "check_entries", "check_tree", "resolve_local", "FOLDER_ENTRIES", "SQLITE"]
@@ -124,9 +125,11 @@ def resolve_local(root: Path, value: str, sqlite: bool, what: str) -> str:
     by name must not leave it through a symlink; URIs and absolute places outside are kept."""
     prefix = SQLITE if sqlite and value.startswith(SQLITE) else ""
     rest = value[len(prefix):]
-    if not prefix and "://" in rest:
-        if not rest.startswith("file://"):
-            return value  # a server, s3://, gs:// ...: outside by name
+    scheme = urlsplit(rest).scheme if not prefix else ""
+    if not prefix and (("://" in rest and not rest.startswith("file://"))
+                       or (len(scheme) > 1 and scheme != "file") or rest == "databricks"):
+        return value  # a server, s3://, mlflow-artifacts:, databricks: outside by name
+    if rest.startswith("file://"):
         prefix, rest = "file://", rest[len("file://"):]
     if not rest:
         return value

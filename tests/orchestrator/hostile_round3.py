@@ -25,13 +25,11 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import hostile_kit as kit
-from hostile_kit import sweep_folder
 from tiny_spec import spec_with
 
 SECRET = "S3cr3tPw-9f2"  # never printed (class secrets); appears in the URLs the cases give
@@ -666,12 +664,3 @@ CASES: list[Case] = (_escape_cases() + _foreign_cases() + _broken_cases() + _sec
 
 def counts() -> dict[str, int]:
     return {c: sum(k.cls == c for k in CASES) for c in CLASSES}
-
-
-def wait_gone(paths: list[Path], timeout: float = 5.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and any(p.exists() for p in paths):
-        time.sleep(0.05)
-
-
-sweep_folder = sweep_folder  # re-exported for cases that need a bare folder
