@@ -20,7 +20,8 @@ _FINISHED = ("completed", "diverged", "stopped")  # as the tuner's restored tria
 
 def folder_targets(root: Path) -> Any:
     """The folder's write targets, every symlink under what a resume writes checked."""
-    from orchestrator.store.targets import FolderError, sweep_targets
+    from orchestrator.store.manifest import sweep_targets
+    from orchestrator.store.targets import FolderError
 
     try:
         return sweep_targets(root, deep=True)

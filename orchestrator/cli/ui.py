@@ -112,7 +112,8 @@ def _check_store(uri: str) -> None:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
-    from orchestrator.store.targets import FolderError, sweep_targets
+    from orchestrator.store.manifest import sweep_targets
+    from orchestrator.store.targets import FolderError
 
     try:  # the server writes its store: it must be the folder's (store/targets.py)
         targets = sweep_targets(root)

@@ -36,7 +36,8 @@ def _sweep(root: Path) -> tuple[dict, str, str]:
     """sweep.json, the name and the Parquet root, every place eval writes checked to be
     inside the folder (orchestrator/store/targets.py: a symlinked mlflow.db or parquet/, a
     relative parquet_root that leads out)."""
-    from orchestrator.store.targets import FolderError, sweep_targets
+    from orchestrator.store.manifest import sweep_targets
+    from orchestrator.store.targets import FolderError
 
     try:
         t = sweep_targets(root)

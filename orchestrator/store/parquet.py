@@ -44,6 +44,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from orchestrator.store.part_types import PartError, conform, mismatch, raise_bad_part
+
 __all__ = [
     "ParquetSink",
     "CURVE_SCHEMA",
@@ -104,11 +106,6 @@ _PARTITIONING = {
     "metrics": pa.schema([("sweep", pa.string()), ("trial", pa.string())]),
     "trials": pa.schema([("sweep", pa.string())]),
 }
-
-
-class PartError(ValueError):
-    """A Parquet part whose columns are not what geosweep writes (a text ``step``, an integer
-    ``status``): one line naming the file (the CLI: exit 2)."""
 
 
 def resolve_root(root: str) -> tuple[pafs.FileSystem, str]:
@@ -378,82 +375,26 @@ def _read(root: str, kind: str, sweep: str | None, schema: pa.Schema | None,
             break
         except (OSError, pa.ArrowInvalid):
             if attempt == _SCAN_TRIES - 1:
-                _raise_bad_part(root, kind)
+                _bad_part(root, kind)
                 raise
             time.sleep(_SCAN_BACKOFF_S * 2 ** attempt)
         except pa.ArrowException:  # a type no cast reaches (a list where a number goes)
-            _raise_bad_part(root, kind)
+            _bad_part(root, kind)
             raise
-    if _mismatch(table.schema, schema or TRIAL_SCHEMA):  # the first part's types (categorical)
+    want = schema or TRIAL_SCHEMA
+    if mismatch(table.schema, want):  # the first part's types (the categorical read)
         try:  # numbers written as text read as numbers, as a scan under the schema does
-            table = _conform(table, schema or TRIAL_SCHEMA)
+            table = conform(table, want)
         except pa.ArrowException:
-            _raise_bad_part(root, kind)
+            _bad_part(root, kind)
             raise
     return table.to_pandas(strings_to_categorical=categorical)
 
 
-def _conform(table: pa.Table, want: pa.Schema) -> pa.Table:
-    """``table`` with every column of ``want`` that it holds as another family cast to it."""
-    for f in want:
-        i = table.schema.get_field_index(f.name)
-        if i < 0 or _family(table.schema.field(i).type) in (_family(f.type), "null"):
-            continue
-        col = table.column(i)
-        if pa.types.is_dictionary(col.type):
-            col = col.cast(col.type.value_type)
-        table = table.set_column(i, f.name, col.cast(f.type))
-    return table
-
-
-def _family(t: pa.DataType) -> str:
-    """What a column holds, as far as reading it goes: numbers, text or other."""
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return "number"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "text"
-    if pa.types.is_null(t):
-        return "null"
-    return str(t)
-
-
-def _mismatch(found: pa.Schema, want: pa.Schema) -> tuple[str, pa.DataType] | None:
-    """The first column of ``want`` that ``found`` holds as another family (text for a
-    number, a number for text), or None."""
-    for f in want:
-        i = found.get_field_index(f.name)
-        if i < 0:
-            continue
-        got = found.field(i).type
-        if _family(got) not in (_family(f.type), "null"):
-            return f.name, got
-    return None
-
-
-def _raise_bad_part(root: str, kind: str) -> None:
-    """Raise PartError naming the first part of ``kind`` whose columns are of the wrong kind
-    (read footer by footer: only after a scan failed); return if none is."""
+def _bad_part(root: str, kind: str) -> None:
+    """PartError naming the first part of ``kind`` of the wrong column types, if there is one."""
     fs, base = resolve_root(root)
-    want = _KINDS.get(kind, TRIAL_SCHEMA)
-    try:
-        files = sorted(ds.dataset(f"{base}/{kind}", format="parquet", filesystem=fs).files)
-    except (OSError, pa.ArrowException):
-        return
-    for path in files:
-        try:
-            with fs.open_input_file(path) as f:
-                found = pq.read_schema(f)
-        except (OSError, pa.ArrowException) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
-            raise PartError(f"{path}: not a readable Parquet file ({first}); delete the broken "
-                            "part (its trial's rows are then missing) or restore it") from None
-        bad = _mismatch(found, want)
-        if bad:
-            raise PartError(f"{path}: column {bad[0]!r} is {bad[1]}, a {kind} part holds "
-                            f"{want.field(bad[0]).type}; delete the broken part (its trial's "
-                            "rows are then missing) or restore it")
+    raise_bad_part(fs, f"{base}/{kind}", kind, _KINDS.get(kind, TRIAL_SCHEMA))
 
 
 def read_curves(root: str, sweep: str | None = None, *, metric: str | None = None,

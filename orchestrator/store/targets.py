@@ -17,18 +17,18 @@ The rules, for every writer (``run --resume``, ``resume``, ``eval``, ``report``,
 - every local path is valid UTF-8 (pyarrow and sqlite take UTF-8 text): a folder whose path
   is not is refused in one line.
 
-``FolderError`` is the one-line refusal (the CLI prints it, exit 2).
+``FolderError`` is the one-line refusal (the CLI prints it, exit 2). A sweep folder's targets
+as a whole, these rules applied, are ``manifest.sweep_targets``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-__all__ = ["FolderError", "SweepTargets", "sweep_targets", "check_utf8_path", "check_inside",
-           "check_entries", "check_tree", "resolve_local", "FOLDER_ENTRIES", "SQLITE"]
+__all__ = ["FolderError", "check_utf8_path", "check_inside", "check_entries", "check_tree",
+           "resolve_local", "FOLDER_ENTRIES", "SQLITE"]
 
 SQLITE = "sqlite:///"
 # what a sweep folder holds (orchestrator/store/layout.py) and its writers write
@@ -145,63 +145,3 @@ def resolve_local(root: Path, value: str, sqlite: bool, what: str) -> str:
     if norm == root or root in norm.parents:
         return prefix + str(check_inside(root, norm, f"sweep.json {what}"))
     return value  # an absolute place outside the folder, as recorded when the sweep ran
-
-
-# --- a sweep folder's targets, for its writers ------------------------------------------------
-
-@dataclass(frozen=True)
-class SweepTargets:
-    """A sweep folder's write targets, resolved and checked (``sweep_targets``)."""
-
-    root: Path  # the folder (absolute, its symlinks not resolved)
-    name: str  # the sweep's name (sweep.json)
-    manifest: dict  # sweep.json as read_manifest returns it (paths resolved and checked)
-    store_uri: str  # the MLflow store to write: sweep.json's, else the folder's own sqlite
-    parquet_root: str  # the Parquet dataset root
-
-    @property
-    def store_in_folder(self) -> bool:
-        """The MLflow store is a local sqlite file inside the folder (ours to check)."""
-        if not self.store_uri.startswith(SQLITE):
-            return False
-        p = Path(os.path.normpath(self.store_uri[len(SQLITE):]))
-        return p == self.root or self.root in p.parents
-
-    @property
-    def store_path(self) -> Path | None:
-        """The sqlite file of a local store, else None."""
-        return Path(self.store_uri[len(SQLITE):]) if self.store_uri.startswith(SQLITE) else None
-
-    def inside(self, *parts: str) -> Path:
-        """``root/parts...`` checked: no symlink on its way leads outside the folder."""
-        return check_inside(self.root, Path(*parts))
-
-    def parquet_target(self, *parts: str) -> str:
-        """A place under the Parquet root (``eval/sweep=S``); checked when it is in the folder."""
-        base = self.parquet_root
-        if "://" in base and not base.startswith("file://"):
-            return "/".join([base.rstrip("/"), *parts])
-        local = Path(base.removeprefix("file://"), *parts)
-        norm = Path(os.path.normpath(local))
-        if norm == self.root or self.root in norm.parents:
-            check_inside(self.root, norm)
-        return str(local)
-
-
-def sweep_targets(root: str | os.PathLike, deep: bool = False) -> SweepTargets:
-    """The targets of the sweep folder ``root``, every one checked; ``deep``: also every
-    symlink under the trees a resumed sweep writes (``ray/``, ``parquet/``, ``mlartifacts/``).
-    Raises FolderError (ManifestError for a broken sweep.json) in one line."""
-    from orchestrator.store.manifest import read_manifest
-
-    root = Path(root).expanduser().absolute()
-    check_utf8_path(root, "sweep folder")
-    check_entries(root)
-    manifest = read_manifest(root)
-    store = manifest.get("mlflow_uri") or f"{SQLITE}{root / 'mlflow.db'}"
-    t = SweepTargets(root, str(manifest["name"]), manifest, str(store),
-                     str(manifest["parquet_root"]))
-    if deep:
-        for sub in ("ray", "parquet", "mlartifacts"):
-            check_tree(root, sub)
-    return t

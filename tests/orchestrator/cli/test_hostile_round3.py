@@ -1,5 +1,6 @@
-"""Issue 28's classes of failure as tables (tests/orchestrator/hostile_round3.py), through the
-real CLI in-process (``main(argv)``, as tests/orchestrator/cli/test_hostile.py).
+"""Issue 28's classes of failure as tables (tests/orchestrator/hostile_stores.py and
+hostile_inputs.py; the rules in hostile_round3.py), through the real CLI in-process
+(``main(argv)``, as tests/orchestrator/cli/test_hostile.py).
 
 Beyond test_hostile's rules (exit code, one stderr line matching a pattern, no traceback, no
 Ray started), every case proves that nothing it should not touch was touched: each file under
@@ -18,14 +19,16 @@ import re
 import stat
 from pathlib import Path
 
+import hostile_inputs
 import hostile_kit as kit
 import hostile_round3 as r3
+import hostile_stores
 import pytest
 from hostile_kit import SPEC
 
 from orchestrator.cli import main
 
-CASES = r3.CASES
+CASES: list[r3.Case] = hostile_stores.CASES + hostile_inputs.CASES
 
 # the least each class must hold (the counts docs/reliability.md gives)
 MIN_CASES = {"escape": 60, "foreign_store": 40, "broken_store": 35, "secrets": 20,
@@ -33,7 +36,7 @@ MIN_CASES = {"escape": 60, "foreign_store": 40, "broken_store": 35, "secrets": 2
 
 
 def test_every_class_is_a_table():
-    counts = r3.counts()
+    counts = {c: sum(k.cls == c for k in CASES) for c in r3.CLASSES}
     assert sum(counts.values()) == len(CASES)
     for cls, least in MIN_CASES.items():
         assert counts[cls] >= least, (cls, counts[cls])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.store.artifact_home import outside_artifacts, relocate
-from orchestrator.store.manifest import ManifestError, read_manifest
+from orchestrator.store.manifest import ManifestError, read_manifest, sweep_targets
 from orchestrator.store.staging import staged_folder
 from orchestrator.store.targets import (
     FOLDER_ENTRIES,
@@ -21,7 +21,6 @@ from orchestrator.store.targets import (
     check_tree,
     check_utf8_path,
     resolve_local,
-    sweep_targets,
 )
 
 
