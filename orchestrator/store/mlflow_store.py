@@ -267,8 +267,9 @@ def probe(uri: str, pages: bool = False, create: bool = False) -> StoreProblem |
     if uri.startswith(_SQLITE):
         path = uri[len(_SQLITE):]
         found = probe_sqlite(path, pages=pages)
-        if found is not None and found.kind == "missing" and create:
-            return None
+        if found is not None and found.kind == "missing":
+            return None if create else StoreProblem("missing", redact(
+                f"MLflow store {uri} does not exist"))
         return found
     if scheme in ("http", "https"):
         return probe_server(uri)
