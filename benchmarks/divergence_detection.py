@@ -43,7 +43,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules  # noqa: E402
+from orchestrator.spec.divergence_rules import DivergenceRules  # noqa: E402
+from orchestrator.sweep.divergence import DivergenceMonitor  # noqa: E402
 from workloads.config import PRESETS, apply_overrides  # noqa: E402
 from workloads.report import Divergence, StepInfo  # noqa: E402
 from workloads.train import run  # noqa: E402

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from workloads.config import PRESETS, OptimConfig
+from workloads.config import PRESETS, OptimConfig, WorkloadConfig, apply_overrides
 from workloads.models import build_model
 from workloads.optim import build_optimizers
 
@@ -108,11 +108,15 @@ def _rows(args) -> list[Row]:
 
 
 def _optim_cfg(spec: dict) -> OptimConfig:
+    """``spec``: {"name", "assignment", "set": {dotted optim.* overrides}}; an unknown key in
+    "set" raises ConfigError (workloads.config.apply_overrides)."""
     cfg = OptimConfig(lr=6e-4, warmup_steps=0)
     if spec.get("name") == "muon":
         cfg = replace(cfg, name="muon")
         if "assignment" in spec:
             cfg.manifold = replace(cfg.manifold, assignment=spec["assignment"])
+    if spec.get("set"):
+        cfg = apply_overrides(WorkloadConfig(optim=cfg), spec["set"]).optim
     return cfg
 
 

@@ -3,10 +3,8 @@
 # (default ./gpu_throughput_out): gpu_throughput.log (everything printed), gpu_throughput.json
 # (the last line: all figures) and nvidia-smi.txt. Extra arguments go to the script.
 #
-# Python: $PYTHON, else python3 when it already has a CUDA build of torch (the workloads need
-# torch alone, run from this checkout through PYTHONPATH; nothing is installed or downloaded).
-# Otherwise .ci/install builds ./.venv with GEOSWEEP_TORCH=torch (the default CUDA wheel),
-# which needs a reachable package index.
+# Python: benchmarks/cuda_python.sh ($PYTHON, python3 or ./.venv/bin/python with a CUDA torch;
+# the workloads need torch alone, run from this checkout through PYTHONPATH), else an install.
 #
 # Wall time: the script's own budget (GPU_THROUGHPUT_BUDGET_S, default 480 s) plus at most
 # --grace 45 s for a row still running when it ends; `timeout` is a last resort at 560 s.
@@ -14,16 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_throughput_out}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-has_cuda_torch() {
-    "$1" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
-}
-if ! has_cuda_torch "$PY"; then
-    echo "gpu_throughput.sh: $PY has no CUDA torch; installing .venv (GEOSWEEP_TORCH=torch)"
-    GEOSWEEP_TORCH=torch timeout 300 bash .ci/install || echo "gpu_throughput.sh: install failed"
-    PY=.venv/bin/python
-    has_cuda_torch "$PY" || { echo "gpu_throughput.sh: no CUDA torch available"; exit 1; }
-fi
+source benchmarks/cuda_python.sh
+pick_cuda_python gpu_throughput.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,power.limit \
     --format=csv >"$OUT/nvidia-smi.txt" 2>&1 || true
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

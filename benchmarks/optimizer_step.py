@@ -1,23 +1,25 @@
-"""Step cost of Muon and Manifold Muon against AdamW on the gpt-debug and gpt-tiny shapes.
+"""Step cost of Manifold Muon per direction mode against plain Muon on gpt-debug and gpt-tiny.
 
-Arms: ``adamw`` (everything on AdamW), ``muon`` (Paper B's unconstrained Muon), ``stiefel``
-(all_stiefel), ``dgram_svd`` / ``dgram_polar`` (all_dgram with the paper's SVD retraction or
-the colnorm-polar one); ``stiefel_tol1e4`` / ``dgram_svd_tol1e4`` are those arms at the issue's
-own target residual, ``dual_tol`` 1e-4 (docs/science.md §3.2: why not fp32 there). Only
-``optimizers.step()`` is timed, on fixed random gradients (full rank: the dual converges in ~3
-passes here, in ~10 on real training gradients; benchmarks/manifold_train_step.py times those);
-arms are interleaved round by round (rotating order) so machine load hits them alike; medians
-are kept.
+Arms: ``adamw`` (everything on AdamW), ``muon`` (Paper B's unconstrained Muon), and for each
+mode of ``optim.manifold.dual_mode`` (``fast``, ``paper``, ``exact``, each with its own tol and
+pass cap) the assignments ``stiefel`` (all_stiefel), ``hetero`` (Stiefel attention, DGram MLP)
+and ``dgram`` (all_dgram). Only ``optimizers.step()`` is timed, on fixed random gradients
+(full rank; benchmarks/manifold_train_step.py times real, near rank-deficient ones), after one
+untimed step (the first, cold solve; the timed ones warm-start where the mode does); arms are
+interleaved round by round (rotating order) so machine load hits them alike; medians are kept.
+After timing, every manifold matrix's direction is solved once more by its arm's mode and by
+an fp64 reference (exact mode, 400 passes, tol 1e-10) on the same W and gradient, for the
+direction error ||A - A_ref||_F / ||A_ref||_F and the true residual.
 
     python benchmarks/optimizer_step.py [--rounds 3] [--inner 1] [--threads 1] [--device cpu]
 
-Prints a table, then as the last line one JSON object of ratios against AdamW (gpt-tiny at
-top level, every preset under ``by_preset``; e.g. ``stiefel_vs_adamw``) and
-``dual_residual_final`` / ``dual_passes_max``: the worst final dual residual ||H||_F / n and
-pass count over the manifold arms' matrices at their last step (and per arm, e.g.
-``stiefel_dual_residual_final``); a tol-1e-4 arm's figures carry the suffix ``_tol1e4`` (e.g.
-``stiefel_vs_adamw_tol1e4``, ``stiefel_dual_residual_final_tol1e4``). Uses the real GPT when
-``workloads.models.gpt`` imports, else a stand-in with the same trainable shapes.
+Prints a table, then as the last line one JSON object (gpt-tiny at top level, every preset
+under ``by_preset``): ``<assignment>_vs_muon_<mode>`` (e.g. ``stiefel_vs_muon_fast``,
+``hetero_vs_muon_fast``, ``dgram_vs_muon_fast``), ``muon_vs_adamw``,
+``true_residual_max_<mode>`` and ``true_residual_max`` (over the fast arms: what the timed
+steps logged, the true residual of the directions applied), ``direction_error_<mode>`` and
+``direction_error_fast`` (max over the matrices of the fast arms), and the passes.
+Uses the real GPT when ``workloads.models.gpt`` imports, else a stand-in with the same shapes.
 """
 
 from __future__ import annotations
@@ -33,27 +35,28 @@ import torch
 from torch import nn
 
 from workloads.config import GPTConfig, OptimConfig, gpt_debug, gpt_tiny
+from workloads.geometry.dual import DualOptions, solve_direction
+from workloads.geometry.manifolds import get_manifold
 from workloads.optim import build_optimizers
 
 VOCAB = 65  # char-level Shakespeare
 
+MODES = ("fast", "paper", "exact")
+ASSIGNMENTS = {"stiefel": "all_stiefel", "hetero": "hetero", "dgram": "all_dgram"}
 ARMS: dict[str, dict] = {
     "adamw": {"name": "adamw"},
     "muon": {"name": "muon", "assignment": "unconstrained"},
-    "stiefel": {"name": "muon", "assignment": "all_stiefel"},
-    "dgram_svd": {"name": "muon", "assignment": "all_dgram", "retraction": "paper_svd_sorted"},
-    "dgram_polar": {"name": "muon", "assignment": "all_dgram", "retraction": "colnorm_polar"},
-    "stiefel_tol1e4": {"name": "muon", "assignment": "all_stiefel", "dual_tol": 1e-4},
-    "dgram_svd_tol1e4": {"name": "muon", "assignment": "all_dgram",
-                         "retraction": "paper_svd_sorted", "dual_tol": 1e-4},
+    **{f"{short}_{mode}": {"name": "muon", "assignment": full, "mode": mode}
+       for mode in MODES for short, full in ASSIGNMENTS.items()},
 }
-TOL_SUFFIX = "_tol1e4"
+REF = DualOptions(mode="exact", steps=400, tol=1e-10)
 
 
 def figure_key(arm: str, figure: str) -> str:
-    """``stiefel_tol1e4`` + ``vs_adamw`` -> ``stiefel_vs_adamw_tol1e4``; plain arms as before."""
-    if arm.endswith(TOL_SUFFIX):
-        return f"{arm.removesuffix(TOL_SUFFIX)}_{figure}{TOL_SUFFIX}"
+    """``stiefel_fast`` + ``vs_muon`` -> ``stiefel_vs_muon_fast``; plain arms as they are."""
+    for mode in MODES:
+        if arm.endswith(f"_{mode}"):
+            return f"{arm.removesuffix('_' + mode)}_{figure}_{mode}"
     return f"{arm}_{figure}"
 
 
@@ -105,9 +108,29 @@ def optim_cfg(base: OptimConfig, arm: dict) -> OptimConfig:
     cfg = copy.deepcopy(base)
     cfg.name = arm["name"]
     cfg.manifold.assignment = arm.get("assignment", "unconstrained")
-    cfg.manifold.dgram_retraction = arm.get("retraction", "paper_svd_sorted")
-    cfg.manifold.dual_tol = arm.get("dual_tol", cfg.manifold.dual_tol)
+    cfg.manifold.dual_mode = arm.get("mode", "fast")
     return cfg
+
+
+def direction_errors(model: nn.Module, opts, mode: str) -> list[tuple[float, float]]:
+    """(direction error, true residual) of every manifold matrix's direction, solved by
+    ``mode`` from its W and gradient, against the fp64 reference."""
+    out = []
+    for name, p in model.named_parameters():
+        m = opts.managed.get(name)
+        if m is None or m.constraint == "none":
+            continue
+        W, G = (p.detach().mT, p.grad.mT) if m.transposed else (p.detach(), p.grad)
+        man = get_manifold(m.constraint)
+        ref = solve_direction(G.double(), W.double(), man.projector, REF)
+        dt = torch.float64 if mode == "exact" else torch.float32
+        r = solve_direction(G.to(dt), W.to(dt), man.projector, DualOptions(mode=mode))
+        A = r.A.double()
+        err = float((A - ref.A).norm() / ref.A.norm())
+        WA = W.double().mT @ A
+        res = float(torch.linalg.matrix_norm(man.projector(WA + WA.mT)) / W.shape[-1])
+        out.append((err, res))
+    return out
 
 
 def bench_preset(preset, rounds: int, inner: int, device: torch.device) -> tuple[dict, str]:
@@ -116,14 +139,14 @@ def bench_preset(preset, rounds: int, inner: int, device: torch.device) -> tuple
     base, source = make_model(wl.model)
     base = base.to(device)
     grads = {n: torch.randn_like(p) * 1e-2 for n, p in base.named_parameters()}
-    setups = {}
+    setups, models = {}, {}
     for arm, spec in ARMS.items():
         model = copy.deepcopy(base)
         opts = build_optimizers(model, optim_cfg(wl.optim, spec))
         for n, p in model.named_parameters():
             p.grad = grads[n].clone()
-        opts.step()  # warm-up: allocates state, first-call overheads
-        setups[arm] = opts
+        opts.step()  # warm-up: allocates state, first-call overheads, the cold solve
+        setups[arm], models[arm] = opts, model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     names = list(ARMS)
@@ -136,17 +159,19 @@ def bench_preset(preset, rounds: int, inner: int, device: torch.device) -> tuple
             sync()
             times[arm].append((time.perf_counter() - t0) / inner)
     med = {arm: statistics.median(ts) for arm, ts in times.items()}
-    # the dual's final residual ||H||_F / n and passes, worst over the manifold arms' matrices,
-    # and per arm (a ratio is only meaningful next to its own arm's residual)
-    health = {arm: list(setups[arm].health().values()) for arm in ARMS}
-    # (the top-level worst is over the default-tol arms: the tol-1e-4 ones report their own)
-    default = [r for arm, rs in health.items() if not arm.endswith(TOL_SUFFIX) for r in rs]
-    for arm, rows in [("", default)] + list(health.items()):
-        if rows or not arm:
-            for fig, col in (("dual_residual_final", "dual_residual"),
-                             ("dual_passes_max", "dual_passes")):
-                key = figure_key(arm, fig) if arm else fig
-                med[key] = max((r[col] for r in rows), default=0.0)
+    # what the timed steps logged (the true residual of the directions applied) and passes
+    for arm in ARMS:
+        rows = list(setups[arm].health().values())
+        if rows:
+            med[figure_key(arm, "true_residual_max")] = max(r["dual_residual"] for r in rows)
+            med[figure_key(arm, "dual_passes_max")] = max(r["dual_passes"] for r in rows)
+    for mode in MODES:
+        errs = [e for short in ASSIGNMENTS for e in direction_errors(
+            models[f"{short}_{mode}"], setups[f"{short}_{mode}"], mode)]
+        med[f"direction_error_{mode}"] = max(e for e, _ in errs)
+        med[f"true_residual_max_{mode}"] = max(
+            med[figure_key(f"{short}_{mode}", "true_residual_max")] for short in ASSIGNMENTS)
+    med["true_residual_max"] = med["true_residual_max_fast"]
     return med, source
 
 
@@ -162,17 +187,25 @@ def main() -> None:
     ratios: dict[str, dict[str, float]] = {}
     t_start = time.perf_counter()
     print(f"torch {torch.__version__}, device {device}, threads {args.threads}, rounds "
-          f"{args.rounds} x {args.inner} steps, dual_steps {OptimConfig().manifold.dual_steps}, "
-          f"dual {OptimConfig().manifold.dual_method} tol {OptimConfig().manifold.dual_tol}")
-    print(f"{'preset':<10} {'arm':<12} {'ms/step':>10} {'x adamw':>8}")
+          f"{args.rounds} x {args.inner} steps; each mode with its own tol and pass cap")
+    print(f"{'preset':<10} {'arm':<14} {'ms/step':>10} {'x muon':>8} {'true res':>10} "
+          f"{'passes':>7}")
     for label, preset in (("gpt-debug", gpt_debug), ("gpt-tiny", gpt_tiny)):
         med, source = bench_preset(preset, args.rounds, args.inner, device)
-        ratios[label] = {figure_key(arm, "vs_adamw"): med[arm] / med["adamw"] for arm in ARMS
-                         if arm != "adamw"}
+        r: dict[str, float] = {"muon_vs_adamw": med["muon"] / med["adamw"]}
+        for arm in ARMS:
+            if arm not in ("adamw", "muon"):
+                r[figure_key(arm, "vs_muon")] = med[arm] / med["muon"]
         for key in [k for k in med if k not in ARMS]:
-            ratios[label][key] = med.pop(key)
-        for arm, t in med.items():
-            print(f"{label:<10} {arm:<12} {1e3 * t:>10.2f} {t / med['adamw']:>8.1f}")
+            r[key] = med[key]
+        ratios[label] = r
+        for arm in ARMS:
+            res = med.get(figure_key(arm, "true_residual_max"), 0.0)
+            ps = med.get(figure_key(arm, "dual_passes_max"), 0.0)
+            print(f"{label:<10} {arm:<14} {1e3 * med[arm]:>10.2f} "
+                  f"{med[arm] / med['muon']:>8.2f} {res:>10.1e} {ps:>7.0f}")
+        print(f"{'':<10} direction error vs fp64 reference: "
+              + ", ".join(f"{m} {med['direction_error_' + m]:.1e}" for m in MODES))
         print(f"{'':<10} model: {source}")
     print(f"total {time.perf_counter() - t_start:.0f} s")
     rounded = {p: {k: float(f"{v:.3g}") for k, v in r.items()} for p, r in ratios.items()}

@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator.spec.yaml_reader import spec_from_dict  # noqa: E402
 from orchestrator.store.parquet import read_trials  # noqa: E402
 from orchestrator.sweep.search_p import search_p  # noqa: E402
-from orchestrator.sweep.spec_yaml import spec_from_dict  # noqa: E402
 from orchestrator.sweep.tuner import run_sweep  # noqa: E402
 
 FULL = {"p": [0.25, 1.0, 4.0, 16.0, "inf"], "lr": [1e-3, 3e-3, 1e-2], "seeds": 2, "steps": 40,

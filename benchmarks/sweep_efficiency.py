@@ -37,7 +37,7 @@ def _steps_per_second(preset: str) -> float:
 
 def _spec(name: str, steps: int, executor: str, slots: int, trials: int = 8,
           checkpoint_every: int | None = None):
-    from orchestrator.sweep.spec_yaml import spec_from_dict
+    from orchestrator.spec.yaml_reader import spec_from_dict
 
     return spec_from_dict({
         "name": name,

@@ -5,14 +5,19 @@ run side by side on one local Ray, alternated round by round so that load from o
 processes hits them alike:
 - ``in_trial``: the single-worker path (the trial trains inside its Tune actor);
 - ``train1``:   ``resources.executor: train``, a TorchTrainer of 1 worker per trial;
-- ``train2``:   the same with 2 workers per trial (DDP over gloo), unless ``--no-ddp``.
+- ``train2``:   the same with 2 workers per trial (DDP over gloo), unless ``--no-ddp``;
+- ``auto_gpu``: ``executor: auto`` with ``gpus_per_worker: 1`` on a Ray that has one logical GPU
+  (``num_gpus=1``; the training stays on the CPU): the path a single-GPU trial takes, which
+  ``auto`` now runs in the trial (before, a 1-worker GPU trial took ``train1``'s path).
 Every arm runs ONE trial at a time (``max_concurrent: 1``): on a 2-core machine a 2-worker
 trial fills both cores, so the only fair comparison is one slot for every arm.
 
 Figures per arm (medians over rounds): per-trial overhead = the trial's wall time seen by the
 sweep's callback minus its training time (model/data build, Ray Train start and stop,
-reports); sweep wall time (``run_sweep``, Ray already up) as a multiple of the ideal (the
-trials' training times back to back). ``train_vs_in_trial``: the sweep wall time of ``train1``
+reports), over all trials and over the trials after the first of each sweep (``after first``:
+what a warm sweep pays per trial, once the Tune actor and Ray Train's coordinator exist);
+sweep wall time (``run_sweep``, Ray already up) as a multiple of the ideal (the trials'
+training times back to back). ``train_vs_in_trial``: the sweep wall time of ``train1``
 over that of ``in_trial`` in the same round (target <= 1.5; per-trial overhead target <= 5 s).
 
     python benchmarks/train_executor.py [--rounds N] [--trials N] [--seconds S] [--no-ddp]
@@ -20,10 +25,12 @@ over that of ``in_trial`` in the same round (target <= 1.5; per-trial overhead t
 Last line: JSON with ``train_vs_in_trial``, ``train2_vs_in_trial``,
 ``train_vs_in_trial_fit`` (the same for the Tune phase alone: without the sweep's start and
 end, which both arms share), ``train_overhead_per_trial_s``, ``train2_overhead_per_trial_s``,
-``in_trial_overhead_per_trial_s``, ``train_vs_ideal``, ``in_trial_vs_ideal``, and the CPU
-seconds per trial of each arm (``train_cpu_per_trial_s``, ``in_trial_cpu_per_trial_s``,
-``train_cpu_overhead_per_trial_s``: their difference), a figure that load from other processes
-barely moves.
+``in_trial_overhead_per_trial_s``, ``auto_gpu_overhead_per_trial_s``, the same
+``*_after_first_s`` (trials after each sweep's first), ``train_vs_ideal``,
+``in_trial_vs_ideal``, ``<arm>_gap_per_trial_s`` ((fit s - training) / trials: Tune's time
+around the trials too), and the CPU seconds per trial of each arm (``train_cpu_per_trial_s``,
+``in_trial_cpu_per_trial_s``, ``train_cpu_overhead_per_trial_s``: their difference), a figure
+that load from other processes barely moves.
 """
 
 from __future__ import annotations
@@ -36,10 +43,11 @@ import statistics
 import tempfile
 import time
 
-ARMS = {  # label: (executor, workers_per_trial, cpus_per_worker)
-    "in_trial": ("in_trial", 1, 1.0),
-    "train1": ("train", 1, 1.0),
-    "train2": ("train", 2, 0.49),  # 2 x 0.49 + the driver's 0.01 fit on one 2-core node
+ARMS = {  # label: (executor, workers_per_trial, cpus_per_worker, gpus_per_worker)
+    "in_trial": ("in_trial", 1, 1.0, 0.0),
+    "train1": ("train", 1, 1.0, 0.0),
+    "train2": ("train", 2, 0.49, 0.0),  # 2 x 0.49 + the driver's 0.01 fit on one 2-core node
+    "auto_gpu": ("auto", 1, 1.0, 1.0),  # one logical GPU: in the trial since issue 31
 }
 
 
@@ -58,9 +66,9 @@ def _steps_per_second() -> float:
 
 
 def _spec(name: str, arm: str, steps: int, trials: int):
-    from orchestrator.sweep.spec_yaml import spec_from_dict
+    from orchestrator.spec.yaml_reader import spec_from_dict
 
-    executor, workers, cpus = ARMS[arm]
+    executor, workers, cpus, gpus = ARMS[arm]
     return spec_from_dict({
         "name": name,
         "workload": {"preset": "gpt-debug"},
@@ -69,7 +77,7 @@ def _spec(name: str, arm: str, steps: int, trials: int):
         "search": {"algorithm": "grid", "max_concurrent": 1},
         "budget": {"steps": steps, "eval_every": max(1, steps // 2), "metrics_every": 0},
         "resources": {"workers_per_trial": workers, "cpus_per_worker": cpus,
-                      "executor": executor},
+                      "gpus_per_worker": gpus, "executor": executor},
     })
 
 
@@ -147,13 +155,31 @@ def _measure(spec, out: str) -> dict:
     done = [r for r in res.records if r["status"] == "completed"]
     train = [r["train_s"] for r in done if r.get("train_s") is not None]
     over = [r["overhead_s"] for r in done if r.get("overhead_s") is not None]
+    later = [r["overhead_s"] for r in sorted(done, key=lambda r: r["started_at"])[1:]
+             if r.get("overhead_s") is not None]
     setup = [r["setup_s"] for r in done if r.get("setup_s") is not None]
     ideal = sum(train)
     return {"trials": len(res.records), "completed": len(done), "sweep_s": wall,
             "cpu_per_trial_s": cpu / max(1, len(res.records)),
             "fit_s": res.fit_s, "ideal_s": ideal, "train_s": statistics.median(train),
             "overhead_s": statistics.median(over), "setup_s": statistics.median(setup),
-            "vs_ideal": wall / ideal if ideal else float("nan")}
+            "later_overhead_s": statistics.median(later) if later else float("nan"),
+            "vs_ideal": wall / ideal if ideal else float("nan"),
+            # one trial at a time: the Tune phase's time per trial not spent training
+            "gap_s": (res.fit_s - ideal) / max(1, len(res.records))}
+
+
+def _start_ray(cpus: int) -> None:
+    """A local Ray as cluster.local.connect starts one, plus one logical GPU (``auto_gpu``)."""
+    from cluster.local import ray_env, worker_env
+    from cluster.ray_loopback import loopback_env
+
+    ray_env()
+    loopback_env()
+    import ray
+
+    ray.init(num_cpus=cpus, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": worker_env()})
 
 
 def _load() -> str:
@@ -169,21 +195,25 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=1.0, help="training time per trial")
     ap.add_argument("--no-ddp", action="store_true", help="skip the 2-worker arm")
+    ap.add_argument("--arms", default="", help="comma-separated arms (default: all)")
     args = ap.parse_args()
     if args.rounds < 1 or args.trials < 1 or args.seconds <= 0:
         raise SystemExit("train_executor: --rounds, --trials and --seconds must be positive")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # a loaded machine starts Ray's worker processes slowly; Ray's 60 s would fail trials
     os.environ.setdefault("RAY_worker_register_timeout_seconds", "600")
-    from cluster.local import connect, shutdown
+    from cluster.local import shutdown
 
     sps = _steps_per_second()
     steps = max(4, round(args.seconds * sps))
-    arms = [a for a in ARMS if not (args.no_ddp and a == "train2")]
+    arms = [a for a in ARMS if not (args.no_ddp and a == "train2")
+            and (not args.arms or a in args.arms.split(","))]
+    if "in_trial" not in arms:
+        arms.insert(0, "in_trial")  # the reference of every ratio
     out = tempfile.mkdtemp(prefix="geosweep-train-exec-")
     runs: dict[str, list[dict]] = {a: [] for a in arms}
     loads = [_load()]
-    connect(num_cpus=os.cpu_count() or 2)  # a local Ray of its own: its CPU is counted
+    _start_ray(os.cpu_count() or 2)  # a local Ray of its own: its CPU is counted
     try:
         for rnd in range(args.rounds):
             # alternate the order too: the first sweep of a round is not always the same arm
@@ -218,17 +248,30 @@ def _table(runs: dict[str, list[dict]], arms: list[str], steps: int, sps: float,
           f"{args.trials} trials per sweep, 1 at a time; {args.rounds} round(s); "
           f"load averages {' | '.join(loads)}")
     print(f"{'arm':<10}{'workers':>8}{'train s':>9}{'setup s':>9}{'overhead/trial s':>18}"
-          f"{'fit s':>8}{'sweep s':>9}{'x ideal':>9}{'x in_trial':>12}{'fit x in_trial':>16}"
-          f"{'CPU-s/trial':>13}")
+          f"{'after first':>13}{'gap/trial s':>13}{'fit s':>8}{'sweep s':>9}{'x ideal':>9}"
+          f"{'x in_trial':>12}{'fit x in_trial':>16}{'CPU-s/trial':>13}")
     for a in arms:
         print(f"{a:<10}{ARMS[a][1]:>8}{med(a, 'train_s'):>9.2f}{med(a, 'setup_s'):>9.2f}"
-              f"{med(a, 'overhead_s'):>18.2f}{med(a, 'fit_s'):>8.1f}{med(a, 'sweep_s'):>9.1f}"
+              f"{med(a, 'overhead_s'):>18.2f}{med(a, 'later_overhead_s'):>13.2f}"
+              f"{med(a, 'gap_s'):>13.2f}"
+              f"{med(a, 'fit_s'):>8.1f}{med(a, 'sweep_s'):>9.1f}"
               f"{med(a, 'vs_ideal'):>9.2f}{ratio(a):>12.2f}{ratio(a, 'fit_s'):>16.2f}"
               f"{med(a, 'cpu_per_trial_s'):>13.1f}")
-    print("sweep s: run_sweep with Ray already up (MLflow store, Tune, records); fit s: the "
+    print("overhead/trial: a trial's wall (its start to its end, seen by the sweep's callback) "
+          "minus its training time; gap/trial: (fit s - the trials' training times) / trials, "
+          "what Tune spends per trial around them too; "
+          "sweep s: run_sweep with Ray already up (MLflow store, Tune, records); fit s: the "
           "Tune phase alone; x ideal: sweep s / the trials' training times back to back; "
           "CPU-s/trial: CPU time of the Ray node and the driver per trial (training included)")
-    out = {
+    out: dict[str, float] = {
+        "in_trial_overhead_after_first_s": med("in_trial", "later_overhead_s")}
+    out.update({f"{a}_gap_per_trial_s": med(a, "gap_s") for a in arms})
+    if "train1" not in arms:  # the arms asked for, without the Ray Train one
+        out.update({f"{a}_overhead_per_trial_s": med(a, "overhead_s") for a in arms})
+        out.update({f"{a}_overhead_after_first_s": med(a, "later_overhead_s") for a in arms})
+        print(json.dumps({k: round(v, 3) for k, v in out.items()}))
+        return
+    out |= {
         "train_vs_in_trial": ratio("train1"),
         "train_vs_in_trial_fit": ratio("train1", "fit_s"),
         "train_overhead_per_trial_s": med("train1", "overhead_s"),
@@ -241,7 +284,12 @@ def _table(runs: dict[str, list[dict]], arms: list[str], steps: int, sps: float,
         "train_cpu_overhead_per_trial_s": med("train1", "cpu_per_trial_s")
         - med("in_trial", "cpu_per_trial_s"),
     }
+    out["train_overhead_after_first_s"] = med("train1", "later_overhead_s")
+    if "auto_gpu" in arms:
+        out["auto_gpu_overhead_per_trial_s"] = med("auto_gpu", "overhead_s")
+        out["auto_gpu_overhead_after_first_s"] = med("auto_gpu", "later_overhead_s")
     if "train2" in arms:
+        out["train2_overhead_after_first_s"] = med("train2", "later_overhead_s")
         out["train2_vs_in_trial"] = ratio("train2")
         out["train2_vs_in_trial_fit"] = ratio("train2", "fit_s")
         out["train2_overhead_per_trial_s"] = med("train2", "overhead_s")

@@ -109,7 +109,7 @@ class Submission:
 
 
 def _is_name(ref: str) -> bool:
-    # Mirrors orchestrator.sweep.spec_yaml.load_spec: a bare word that is not a file is a name.
+    # Mirrors orchestrator.spec.yaml_reader.load_spec: a bare word that is not a file is a name.
     return not ("/" in ref or os.sep in ref or ref.endswith((".yaml", ".yml"))
                 or Path(ref).is_file())
 

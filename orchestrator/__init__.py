@@ -1,7 +1,9 @@
 """geosweep's orchestrator: one subpackage per job.
 
-- ``orchestrator.sweep``: the spec, the search space, divergence rules and the Ray functions
-  (worker, trial, tuner); the only importer of ``ray.tune`` / ``ray.train``.
+- ``orchestrator.spec``: the declarative sweep language (YAML reader, ``SweepSpec`` and its
+  sections, params and arm labels, claims, ``--set``); no Ray. Every other room looks down at it.
+- ``orchestrator.sweep``: runs a spec on Ray: the search space, the divergence monitor and the
+  Ray functions (worker, trial, tuner); the only importer of ``ray.tune`` / ``ray.train``.
 - ``orchestrator.store``: Parquet, MLflow, the eval table, weights, the sweep folder layout; the
   only writer of MLflow and Parquet.
 - ``orchestrator.analysis``: tables and figures from a sweep's dataset.
@@ -23,7 +25,7 @@ __all__ = ["load_spec", "run_sweep", "load_model", "load_sweep", "write_report",
 # name -> the module that defines it; imported on first use (PEP 562), so `import orchestrator`
 # stays cheap (the CLI's --help and input errors are instant).
 _PUBLIC = {
-    "load_spec": "orchestrator.sweep.spec_yaml",
+    "load_spec": "orchestrator.spec.yaml_reader",
     "run_sweep": "orchestrator.sweep.tuner",
     "load_model": "orchestrator.store.weights",
     "load_sweep": "orchestrator.analysis.load",

@@ -1,6 +1,6 @@
 """Shipped sweep specs (package data): ``spec_path(name)`` and ``list_specs()``.
 
-Load and validate one with ``orchestrator.sweep.spec_yaml.load_spec(name_or_path)``.
+Load and validate one with ``orchestrator.spec.yaml_reader.load_spec(name_or_path)``.
 """
 
 from __future__ import annotations

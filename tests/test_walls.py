@@ -5,6 +5,10 @@ here with its file and line instead of in a review.
 - Only `orchestrator/store/` writes MLflow or Parquet.
 - Only `orchestrator/sweep/` imports `ray.tune` / `ray.train`.
 - `cluster/` imports nothing of `orchestrator/`.
+- `orchestrator/spec/` (the declarative spec language) imports no Ray, MLflow or Optuna and
+  nothing of the rooms that use it (sweep, analysis, store, evaluation, cli): they look down at
+  it. `orchestrator/analysis/` imports nothing of `orchestrator/sweep/`: it judges what the
+  spec says, never reaching up into the room that runs it.
 - No two modules import each other, directly or through a cycle. Every import counts, at module
   level or inside a function, because a function-level import is still a dependency: it only
   moves the failure from import time to call time.
@@ -201,6 +205,27 @@ def test_only_sweep_imports_ray_tune_and_train():
 def test_cluster_imports_nothing_of_orchestrator():
     bad = [_where(i) for i in _all_imports()
            if _under(i, "cluster") and _is(i.target, "orchestrator")]
+    assert not bad, "\n".join(bad)
+
+
+_ABOVE_SPEC = tuple(f"orchestrator.{room}" for room in
+                    ("sweep", "analysis", "store", "evaluation", "cli"))
+
+
+def test_spec_imports_no_ray_and_nothing_above_it():
+    bad = [_where(i) for i in _all_imports()
+           if _under(i, "orchestrator/spec")
+           and (_is(i.target, "ray", "mlflow", "optuna", *_ABOVE_SPEC)
+                or i.target == "orchestrator" and set(i.names) & {"sweep", "analysis", "store",
+                                                                  "evaluation", "cli"})]
+    assert not bad, "\n".join(bad)
+
+
+def test_analysis_imports_nothing_of_sweep():
+    bad = [_where(i) for i in _all_imports()
+           if _under(i, "orchestrator/analysis")
+           and (_is(i.target, "orchestrator.sweep")
+                or i.target == "orchestrator" and "sweep" in i.names)]
     assert not bad, "\n".join(bad)
 
 

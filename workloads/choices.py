@@ -15,13 +15,19 @@ from typing import Any
 from workloads.config import ConfigError
 
 __all__ = ["MSIGN_METHOD_NAMES", "DGRAM_RETRACTIONS", "ACTIVATION_NAMES", "NORM_NAMES",
-           "CONSTRAINT_NAMES", "STRATEGIES", "validate_assignment"]
+           "CONSTRAINT_NAMES", "DUAL_MODE_NAMES", "DUAL_MODE_DEFAULTS", "STRATEGIES",
+           "dual_settings", "validate_assignment"]
 
 MSIGN_METHOD_NAMES = ("polar_express", "ns5", "svd", "gram")  # geometry/msign.MSIGN_METHODS
 DGRAM_RETRACTIONS = ("paper_svd_sorted", "colnorm_polar")  # geometry/dgram.dgram_retract
-ACTIVATION_NAMES = ("relu", "gelu", "silu", "none", "radial", "radial_rms")  # models/mlp
+ACTIVATION_NAMES = ("relu", "gelu", "silu", "none", "radial", "radial_rms",  # models/mlp
+                    "tanh")
 NORM_NAMES = ("none", "layernorm", "rmsnorm")  # models/mlp.NORMS
 CONSTRAINT_NAMES = ("none", "stiefel", "dgram")  # geometry/manifolds.MANIFOLDS
+DUAL_MODE_NAMES = ("fast", "paper", "exact")  # geometry/dual.DUAL_MODES
+# each mode's (dual_tol, dual_steps) where the config leaves them null (docs/science.md §3.2)
+DUAL_MODE_DEFAULTS: dict[str, tuple[float, int]] = {
+    "fast": (1e-4, 20), "paper": (1e-6, 20), "exact": (1e-6, 100)}
 
 # Manifold Muon's assignment strategies (docs/science.md §3.4): strategy -> {kind: constraint}
 STRATEGIES: dict[str, dict[str, str]] = {
@@ -33,6 +39,12 @@ STRATEGIES: dict[str, dict[str, str]] = {
 }
 
 _KEY = "optim.manifold.assignment"
+
+
+def dual_settings(mode: str, tol: float | None, steps: int | None) -> tuple[float, int]:
+    """``(tol, steps)`` the direction solver runs with: the config's, or ``mode``'s own."""
+    dtol, dsteps = DUAL_MODE_DEFAULTS[mode]
+    return (dtol if tol is None else float(tol)), (dsteps if steps is None else int(steps))
 
 
 def validate_assignment(assignment: Any) -> None:

@@ -81,7 +81,7 @@ class MLPConfig:
     depth: int = 16
     n_classes: int = 10
     skip: bool = True  # the residual connection (False: the NoRes arm)
-    activation: str = "relu"  # relu | gelu | silu | none | radial | radial_rms
+    activation: str = "relu"  # relu | gelu | silu | none | radial | radial_rms | tanh
     norm: str = "none"  # none | layernorm | rmsnorm  (applied to the block input)
     # hidden W ~ N(0, (init_scale * c)^2 / width): c = 1/sqrt(depth) with the skip, the He-style
     # gain of the activation without it (init "depth_scaled"), or c = 1 (init "fan_in", the
@@ -128,11 +128,19 @@ class ManifoldConfig:
 
     # unconstrained | all_stiefel | all_dgram | hetero | hetero_inv, or {module-pattern: constraint}
     assignment: Any = "unconstrained"
-    dual_steps: int = 20
-    dual_lr: float = 0.1  # the gradient methods' step (Paper B: 0.1)
-    dual_tol: float = 1e-6  # stop once ||H||_F / n < tol (docs/science.md §3.2)
-    dual_method: str = "newton"  # newton | relative | absolute (Paper B's, faithful)
-    dual_smooth: float = 1e-3  # newton: mu of sqrt(s^2 + mu^2), relative to ||G||_F = 1
+    # fast | paper | exact: the direction solver, named by what it promises (docs/science.md
+    # §3.2): fast (default) fp32 Gram-space Newton to dual_tol; paper, Paper B's ascent
+    # exactly (K = dual_steps passes, alpha = dual_lr, fresh start); exact, fp64 Newton
+    dual_mode: str = "fast"
+    # the pass cap (paper: K); None: the mode's own (fast and paper 20, exact 100)
+    dual_steps: int | None = None
+    dual_lr: float = 0.1  # the paper mode's alpha (Paper B: 0.1)
+    # stop once the true residual ||P(W^T A + A^T W)||_F / n < tol; None: the mode's own
+    # (fast 1e-4, paper and exact 1e-6)
+    dual_tol: float | None = None
+    # start each step's dual from the previous step's multiplier; None: the mode's own (fast
+    # and exact yes; paper no, as the paper: on, it is the paper's loop warm-started)
+    dual_warm_start: bool | None = None
     dgram_retraction: str = "paper_svd_sorted"  # paper_svd_sorted | colnorm_polar
     init_on_manifold: bool = True
     # Matched initial scales across assignments: every Muon-managed matrix, the unconstrained

@@ -212,8 +212,13 @@ class Keel(ResidualStream):
 class SpheretNorm(ResidualStream):
     """ScaleNorm entry h = g x0/(||x0|| + eps), then h <- R^(p)_h(a_k P_h(F(N_k(h)))) per sublayer.
 
-    a_k = lambda_k softplus(s_k), s_k init log(e - 1) (so a_k = lambda_k), lambda_k = 1/sqrt(k)
-    for k = 1..2L ("sublayer"), 1/sqrt(block) ("block") or 1 ("none"). ||h|| = g afterwards.
+    a_k = lambda_k softplus(m s_k), lambda_k = 1/sqrt(k) for k = 1..2L ("sublayer"),
+    1/sqrt(block) ("block") or 1 ("none"); ||h|| = g afterwards. s_k starts where a_k =
+    ``alpha_init`` x lambda_k (1.0: the value used so far, a [DESIGN] choice with no source;
+    nGPT starts its step at 0.05). m = ``alpha_lr_mult``: under Adam-type optimisers (AdamW,
+    the scalars' optimiser beside Muon) the update of s is ~lr whatever the gradient's scale, so
+    m s moves m times faster: an lr multiplier for the step sizes alone, without a parameter
+    group of their own (under plain SGD it scales the step by m^2).
     """
 
     Params = SpheretParams
@@ -233,7 +238,10 @@ class SpheretNorm(ResidualStream):
         blk = [math.ceil(k / 2) for k in range(1, n + 1)]
         self.lam = {"sublayer": [k**-0.5 for k in range(1, n + 1)],
                     "block": [b**-0.5 for b in blk], "none": [1.0] * n}[params.decay]
-        self.s = nn.Parameter(torch.full((n,), math.log(math.e - 1.0)))
+        self.alpha_lr_mult = float(getattr(params, "alpha_lr_mult", 1.0))
+        # softplus^-1(alpha_init) = log(expm1(alpha_init)); log(e - 1) at alpha_init = 1
+        s0 = math.log(math.expm1(float(getattr(params, "alpha_init", 1.0))))
+        self.s = nn.Parameter(torch.full((n,), s0 / self.alpha_lr_mult))
         self._lam_t: Tensor | None = None  # lam as a tensor in s's dtype/device (see _lam)
         self._a: tuple[Tensor, ...] | None = None  # this forward's a_k (see enter)
         g = torch.tensor(math.sqrt(d))
@@ -252,9 +260,13 @@ class SpheretNorm(ResidualStream):
             t = self._lam_t = torch.tensor(self.lam, dtype=s.dtype, device=s.device)
         return t
 
+    def _scaled(self, s: Tensor) -> Tensor:
+        # m s_k; no node at all at the default m = 1 (the per-forward cost of issue 16 §4)
+        return s if self.alpha_lr_mult == 1.0 else self.alpha_lr_mult * s
+
     def step_sizes(self) -> Tensor:
         """a_k for k = 0 .. 2L-1, shape (2L,)."""
-        return self._lam() * F.softplus(self.s)
+        return self._lam() * F.softplus(self._scaled(self.s))
 
     def enter(self, x0):
         # Every a_k of this forward from one softplus: per sublayer, indexing s and taking its
@@ -271,7 +283,8 @@ class SpheretNorm(ResidualStream):
 
     def sublayer(self, k, h, branch):
         u = branch(h if self.inner is None else self.inner[k](h))
-        a = self._a[k] if self._a is not None else self.lam[k] * F.softplus(self.s[k])
+        a = (self._a[k] if self._a is not None
+             else self.lam[k] * F.softplus(self._scaled(self.s[k])))
         # Under torch.compile the reference goes in: Inductor fuses its ~20 nodes itself, and on
         # CUDA (torch 2.11, H200, bf16 autocast) the compiled custom Function gave different
         # gradients from step 2 on while the compiled reference matched eager to 1e-3.
@@ -301,7 +314,25 @@ class SpheretNorm(ResidualStream):
         out = super().stats()
         out["radius"] = float(self.g.detach())
         out.update({f"a/{k}": float(a) for k, a in enumerate(self.step_sizes().detach())})
+        # the saturation control (docs/metrics.md): the worst sublayer's normalised step beta
+        # and its share of tokens past pi/2, where the p = 1 angle saturates and a sublayer
+        # overwrites the stream rather than turning it
+        for name in ("beta_mean", "frac_beta_gt_half_pi"):
+            per = [v for k, v in out.items() if k.startswith(name + "/")]
+            if per:
+                out[f"{name}_max"] = max(per)
         return out
+
+    def step_rows(self, step: int) -> list[dict]:
+        """The recorded per-sublayer beta summaries as metric rows (module ``stream``, layer k)
+        so that a sweep's Parquet keeps beta over training, not only its last value."""
+        rows = []
+        for key, v in self.stats().items():
+            name, _, k = key.partition("/")
+            if name in ("beta_mean", "frac_beta_gt_half_pi") and k.isdigit():
+                rows.append({"step": step, "metric": f"stream.{name}", "module": "stream",
+                             "layer": int(k), "next_layer": -1, "value": float(v)})
+        return rows
 
 
 class GeoNorm(SpheretNorm):

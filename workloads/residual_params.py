@@ -66,6 +66,12 @@ class GeoNormParams:
     radius: str = "learnable"  # ScaleNorm g: learnable scalar init sqrt(d) | fixed sqrt(d)
     inner_norm: str = "none"  # N_k before the branch: none | rmsnorm (learnable gain)
     guard: bool = False  # renormalise to r after each retraction
+    # the learnable step a_k = lambda_k softplus(s_k) starts at alpha_init x lambda_k
+    # (docs/science.md §2.5 [DESIGN]: 1.0 is the value used so far, 0.05 is nGPT's), and its
+    # parameter learns alpha_lr_mult times faster than the optimiser's lr (under Adam-type
+    # optimisers; see SpheretNorm)
+    alpha_init: float = 1.0
+    alpha_lr_mult: float = 1.0
     _choices: ClassVar[dict] = {
         "decay": ("sublayer", "block", "none"),
         "radius": ("learnable", "fixed"),
@@ -77,6 +83,10 @@ class GeoNormParams:
             if getattr(self, name) not in valid:
                 raise ConfigError(f"{key}.{name}: {getattr(self, name)!r} is not one of "
                                   f"{', '.join(valid)}")
+        for name in ("alpha_init", "alpha_lr_mult"):
+            v = getattr(self, name)
+            if not (0 < v < float("inf")):
+                raise ConfigError(f"{key}.{name}: must be a finite number > 0, got {v!r}")
 
 
 @dataclass

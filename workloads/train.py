@@ -341,6 +341,8 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
         stream = getattr(model, "stream", None)
         if stream is not None and hasattr(stream, "stats"):
             scalars.update({f"stream/{k}": v for k, v in stream.stats().items()})
+        if stream is not None and hasattr(stream, "step_rows") and divergence is None:
+            rows += stream.step_rows(n)  # beta over training (the saturation control)
         if hasattr(model, "stats"):
             scalars.update({f"model/{k}": v for k, v in model.stats().items()})
         ckpt = None

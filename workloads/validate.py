@@ -14,6 +14,7 @@ from typing import Any
 from workloads.choices import (
     ACTIVATION_NAMES,
     DGRAM_RETRACTIONS,
+    DUAL_MODE_NAMES,
     MSIGN_METHOD_NAMES,
     NORM_NAMES,
     validate_assignment,
@@ -41,6 +42,7 @@ def choices(cfg: WorkloadConfig) -> dict[str, tuple[str, ...]]:
         "optim.muon.momentum_form": ("sum", "ema"),
         "optim.muon.msign": MSIGN_METHOD_NAMES,
         "optim.manifold.dgram_retraction": DGRAM_RETRACTIONS,
+        "optim.manifold.dual_mode": DUAL_MODE_NAMES,
         "train.dtype": ("float32", "bf16"),
     }
     if not isinstance(cfg.model, GPTConfig):
@@ -113,9 +115,35 @@ def _check_model(cfg: WorkloadConfig) -> None:
         raise ConfigError(f"model.init_scale: must be > 0, got {m.init_scale!r}")
 
 
+def check_dual(m: Any) -> None:
+    """The direction solver's fields of ``optim.manifold`` (a ManifoldConfig): one-line
+    ConfigError naming the bad one."""
+    key = "optim.manifold."
+    if m.dual_mode not in DUAL_MODE_NAMES:
+        raise ConfigError(f"{key}dual_mode: {m.dual_mode!r} is not one of "
+                          f"{', '.join(DUAL_MODE_NAMES)}")
+    steps = m.dual_steps
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or not 1 <= steps <= 10_000):
+        raise ConfigError(f"{key}dual_steps: must be an integer in [1, 10000] (or null for the "
+                          f"mode's own), got {steps!r}")
+    tol = m.dual_tol
+    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
+                            or not 0.0 <= tol < float("inf")):
+        raise ConfigError(f"{key}dual_tol: must be a number >= 0 (or null for the mode's "
+                          f"own), got {tol!r}")
+    lr = m.dual_lr
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0.0 < lr < float("inf"):
+        raise ConfigError(f"{key}dual_lr: must be a finite number > 0, got {lr!r}")
+    if m.dual_warm_start is not None and not isinstance(m.dual_warm_start, bool):
+        raise ConfigError(f"{key}dual_warm_start: expected true/false (or null for the mode's "
+                          f"own), got {m.dual_warm_start!r}")
+
+
 def _check_optim(cfg: WorkloadConfig) -> None:
     o = cfg.optim
     validate_assignment(o.manifold.assignment)
+    check_dual(o.manifold)
     # Only Muon applies a manifold assignment; with AdamW every assignment trained the same
     # model, so a sweep over assignments ran identical arms. Refused instead of ignored.
     if o.name != "muon" and o.manifold.assignment != _DEFAULT_ASSIGNMENT:

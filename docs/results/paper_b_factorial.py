@@ -2,14 +2,15 @@
 of the attention matrices (Stiefel or DGram) x the manifold of the MLP matrices, on the final
 val loss, paired by seed (`init_match` starts every arm of a seed from the same matrices).
 
-    all_stiefel = (S, S)   hetero = (S attn, D MLP)   hetero_inv = (D attn, S MLP)   all_dgram = (D, D)
+    all_stiefel = (S, S)   hetero = (S attn, D MLP)
+    hetero_inv = (D attn, S MLP)   all_dgram = (D, D)
 
 Per seed: MLP effect = mean of the DGram-MLP arms - mean of the Stiefel-MLP arms, attention
 effect likewise, interaction = half the difference of the MLP effect under DGram and under
 Stiefel attention. Each with a 95% t-interval over seeds.
 
 Run from the repository root:
-    PYTHONPATH=. .venv/bin/python docs/results/paper_b_factorial.py /work/results/manifold_assignment
+    PYTHONPATH=. .venv/bin/python docs/results/paper_b_factorial.py <sweep folder>
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def contrasts(w: pd.DataFrame) -> dict[str, pd.Series]:
     s, h, hi, d = w["all_stiefel"], w["hetero"], w["hetero_inv"], w["all_dgram"]
     return {"MLP DGram - MLP Stiefel": (h + d - s - hi) / 2,
             "attention DGram - attention Stiefel": (hi + d - s - h) / 2,
-            "interaction (MLP effect under DGram attention - under Stiefel) / 2": (d - hi - h + s) / 2}
+            "interaction (MLP effect under DGram attention - under Stiefel) / 2":
+                (d - hi - h + s) / 2}
 
 
 def main(root: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator.analysis.load import load_sweep
-from orchestrator.sweep.spec_yaml import load_spec
+from orchestrator.spec.yaml_reader import load_spec
 from workloads.schedule import lr_at
 
 STEPS = (0, 500, 1000, 1500, 2000)

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.analysis.load import ReportError, arm_order
-from orchestrator.sweep.params import fmt, scalar
+from orchestrator.spec.params import fmt, scalar
 
 __all__ = ["choose_baseline", "match_named"]
 

@@ -35,7 +35,7 @@ def collapse_ceiling(root: str | Path, margin: float = MARGIN) -> Ceiling:
     if not f.is_file():
         return Ceiling(nan, nan, "no spec.yaml: stable = completed with a finite loss")
     try:
-        from orchestrator.sweep.spec_yaml import load_spec
+        from orchestrator.spec.yaml_reader import load_spec
 
         spec = load_spec(f)
         if any(k.startswith("data.") for k in spec.space):

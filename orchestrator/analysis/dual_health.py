@@ -16,38 +16,53 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 __all__ = ["RESIDUAL", "PASSES", "TOL_KEY", "STEPS_KEY", "dual_settings", "dual_table",
-           "write_dual"]
+           "write_dual", "MODE_KEY"]
 
 RESIDUAL, PASSES = "optim/dual_residual", "optim/dual_passes"
 TOL_KEY, STEPS_KEY = "optim.manifold.dual_tol", "optim.manifold.dual_steps"
+MODE_KEY = "optim.manifold.dual_mode"
 
 
 def dual_settings(root: str | Path, trials: pd.DataFrame) -> pd.DataFrame:
-    """Per trial: ``trial``, ``tol`` and ``cap`` (the pass cap): the trial's own parameter when
-    the space varies it, else the spec's base config (``<root>/spec.yaml``), else the
-    workload defaults."""
+    """Per trial: ``trial``, ``tol`` and ``cap`` (the pass cap) its direction solver ran with:
+    the trial's own parameter when the space varies it, else the spec's base config
+    (``<root>/spec.yaml``), else the workload default; a null ``dual_tol`` / ``dual_steps``
+    is the trial's ``dual_mode``'s own (``workloads.choices.DUAL_MODE_DEFAULTS``)."""
+    from workloads.choices import dual_settings as mode_settings
     from workloads.config import ManifoldConfig
 
-    tol, cap = ManifoldConfig().dual_tol, ManifoldConfig().dual_steps
+    m = ManifoldConfig()
     f = Path(root) / "spec.yaml"
     if f.is_file():
         try:
-            from orchestrator.sweep.spec_yaml import load_spec
+            from orchestrator.spec.yaml_reader import load_spec
 
             m = load_spec(f).base_config().optim.manifold
-            tol, cap = m.dual_tol, m.dual_steps
         except Exception:  # an unreadable spec: the defaults, as the trials' params may fix
             pass
-    out = pd.DataFrame({"trial": trials["trial"].astype(str)})
-    for col, key, base in (("tol", TOL_KEY, tol), ("cap", STEPS_KEY, cap)):
-        own = pd.to_numeric(trials[key], errors="coerce") if key in trials.columns else None
-        out[col] = (own.fillna(base).to_numpy() if own is not None
-                    else np.full(len(out), float(base)))
-    return out
+    n = len(trials)
+
+    def column(key: str, base):
+        own = trials[key] if key in trials.columns else pd.Series([None] * n)
+        return [base if v is None or (isinstance(v, float) and math.isnan(v)) else v
+                for v in own.tolist()]
+
+    rows = [mode_settings(mode, _num(tol), _num(cap, int)) for mode, tol, cap in zip(
+        column(MODE_KEY, m.dual_mode), column(TOL_KEY, m.dual_tol),
+        column(STEPS_KEY, m.dual_steps))]
+    return pd.DataFrame({"trial": trials["trial"].astype(str).to_list(),
+                         "tol": [float(t) for t, _ in rows], "cap": [float(c) for _, c in rows]})
+
+
+def _num(v, cast=float):
+    """A parameter value as a number, or None (null, or unreadable: the mode's own)."""
+    try:
+        return None if v is None else cast(float(v))
+    except (TypeError, ValueError):
+        return None
 
 
 def dual_table(metrics: pd.DataFrame, trials: pd.DataFrame,

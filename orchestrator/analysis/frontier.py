@@ -32,14 +32,23 @@ FAMILY, LR, P = "model.residual.family", "optim.lr", "model.residual.p"
 Rule = Literal["all", "majority"]
 
 
+def _other_params(trials: pd.DataFrame, family: str = FAMILY, p: str = P) -> list[str]:
+    """The family's own parameters other than p that the sweep varies (``alpha_init``)."""
+    return [c for c in trials.columns if c.startswith("model.residual.")
+            and c not in (family, p) and trials[c].nunique(dropna=True) > 1]
+
+
 def family_labels(trials: pd.DataFrame, family: str = FAMILY, p: str = P) -> pd.Series:
-    """The family of each trial; a family swept over p gets one label per p (``spheret p=1``)."""
+    """The family of each trial; a family swept over p gets one label per p (``spheret p=1``),
+    and one per value of any other of its parameters the sweep varies
+    (``spheret p=1 alpha_init=0.05``)."""
     lab = trials[family].astype(str)
-    if p in trials.columns:
-        pv = pd.to_numeric(trials[p], errors="coerce")
-        swept = trials.assign(_p=pv).groupby(lab)["_p"].nunique() > 1
-        has = lab.map(swept).fillna(False).astype(bool) & pv.notna()
-        lab = lab.where(~has, lab + " p=" + pv.map(lambda v: f"{v:g}"))
+    for col in ([p] if p in trials.columns else []) + _other_params(trials, family, p):
+        v = pd.to_numeric(trials[col], errors="coerce")
+        swept = trials.assign(_v=v).groupby(lab)["_v"].nunique() > 1
+        has = lab.map(swept).fillna(False).astype(bool) & v.notna()
+        name = "p" if col == p else col.rsplit(".", 1)[1]
+        lab = lab.where(~has, lab + f" {name}=" + v.map(lambda x: f"{x:g}"))
     return lab
 
 
@@ -160,11 +169,14 @@ def p_curve(trials: pd.DataFrame, at: float, family: str = "spheret", lr: str = 
     if t.empty or p not in t.columns:
         return pd.DataFrame(columns=["p", "n", "seeds", "mean", "lo", "hi"])
     t["_ok"], t["_p"] = stable_mask(t, metric, ceiling), pd.to_numeric(t[p], errors="coerce")
+    other = _other_params(t, FAMILY, p)  # one curve per value of each (alpha_init)
     rows = []
-    for pv, g in t.groupby("_p"):
+    for key, g in t.groupby(other + ["_p"]):
+        key = key if isinstance(key, tuple) else (key,)
         m, lo, hi = t_interval(g.loc[g["_ok"], metric].astype(float), conf)
-        rows.append({"p": float(pv), "n": int(g["_ok"].sum()), "seeds": len(g), "mean": m,
-                     "lo": lo, "hi": hi})
+        rows.append({**{c.rsplit(".", 1)[1]: v for c, v in zip(other, key[:-1])},
+                     "p": float(key[-1]), "n": int(g["_ok"].sum()), "seeds": len(g),
+                     "mean": m, "lo": lo, "hi": hi})
     return pd.DataFrame(rows)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.analysis.spike_rule import SPIKE_FACTOR, SPIKE_MIN_DELTA, spike_rule
-from orchestrator.sweep.params import P_KEY
+from orchestrator.spec.params import P_KEY
 
 TERMINAL = ("completed", "diverged")
 

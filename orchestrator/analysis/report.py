@@ -4,9 +4,9 @@
 gives one row per arm (mean and 95% t-interval over seeds, paired difference vs a baseline
 arm with Holm-adjusted p-values, Wilson interval of the divergence rate, loss spikes);
 ``write_report`` writes ``<root>/report/{report.md, arms.csv, trials.csv, metrics.csv, *.png}``
-(plus ``verdicts``, ``frontier*`` and ``dual.csv`` where the sweep has claims, a family x lr
-grid or Manifold Muon matrices) and logs the folder to the sweep's MLflow parent run when it
-can find it.
+(plus ``verdicts``, ``frontier*``, ``dual.csv`` and ``beta.csv`` where the sweep has claims,
+a family x lr grid, Manifold Muon matrices or sphere families) and logs the folder to the
+sweep's MLflow parent run when it can find it.
 
 Metric rows are picked by name patterns (``ReportConfig``), because the metric vocabulary
 belongs to workloads/metrics; a figure whose rows are absent is skipped with one line in the
@@ -113,6 +113,10 @@ def _write_outputs(data: SweepData, cfg: ReportConfig, arms: pd.DataFrame, named
         lines += write_frontier(data, out, cfg)  # lr x family sweeps: frontier.{md,csv}
     with stage("dual convergence"):
         lines += write_dual(data.metrics, data.trials, data.root, out)  # Manifold Muon: dual.csv
+    with stage("step saturation"):
+        from orchestrator.analysis.saturation import write_saturation
+
+        lines += write_saturation(data.trials, data.metrics, out, _md_table)  # beta.csv
     with stage("markdown"):
         lines += ["## Trials", "", _md_table(trials[lead]), ""]
         if skipped:

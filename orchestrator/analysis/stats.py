@@ -151,7 +151,8 @@ def spike_count(losses: Iterable[float], factor: float, min_delta: float = 0.0, 
 
     Step t spikes when loss_t > factor x med_t and loss_t > med_t + max(z x 1.4826 x MAD_t,
     min_delta), with med_t and MAD_t the median and median absolute deviation of the last
-    ``window`` non-spiking finite losses before t (``orchestrator.sweep.divergence.spike_bound``);
+    ``window`` non-spiking finite losses before t
+    (``orchestrator.spec.divergence_rules.spike_bound``);
     a non-finite loss after ``min_history`` finite ones also spikes. Consecutive spiking steps
     form one episode. The old reference, the running minimum, counted every noisy batch above
     the luckiest one seen (~300 "spikes" in a healthy MNIST trial, issue 17); a median over a
@@ -169,7 +170,7 @@ def spike_episodes(losses: Iterable[float], before: Iterable[float], factor: flo
                    min_delta: float, window: int, z: float, min_history: int) -> int:
     """``spike_count``'s loop, its reference window preloaded with ``before`` (the finite
     non-spiking losses that precede ``losses``; analysis/fast_spikes.py starts mid-curve)."""
-    from orchestrator.sweep.divergence import spike_bound
+    from orchestrator.spec.divergence_rules import spike_bound
 
     recent: deque[float] = deque((float(b) for b in before), maxlen=window)
     count, inside = 0, False

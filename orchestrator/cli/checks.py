@@ -21,8 +21,8 @@ DEFAULT_OUT = "geosweep-runs"
 
 def load_cli_spec(ref: str, args: argparse.Namespace | None = None):
     """The validated spec (with --mlflow-uri / --parquet-root applied), or a UsageError."""
-    from orchestrator.sweep.spec import SpecError
-    from orchestrator.sweep.spec_set import load_spec_with_sets
+    from orchestrator.spec.sets import load_spec_with_sets
+    from orchestrator.spec.sweep_spec import SpecError
 
     try:
         spec = load_spec_with_sets(ref, getattr(args, "set", None))

@@ -17,7 +17,7 @@ def _presets() -> list[tuple[str, str]]:
 
 
 def _specs() -> list[tuple[str, str]]:
-    from orchestrator.sweep.spec_yaml import load_spec_data
+    from orchestrator.spec.yaml_reader import load_spec_data
     from search_spaces import list_specs
 
     return [(n, str(load_spec_data(n).get("description") or "")) for n in list_specs()]

@@ -55,9 +55,9 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
     from cluster.local import RayStartError, shutdown
     from orchestrator.cli.failures import CURRENT, INTERRUPTED
     from orchestrator.cli.heartbeat import Heartbeat
+    from orchestrator.spec.sweep_spec import SpecError
     from orchestrator.store.lock import lock_sweep
     from orchestrator.sweep.interrupt import SweepInterrupted
-    from orchestrator.sweep.spec import SpecError
     from orchestrator.sweep.tuner import run_sweep
 
     root = out / spec.name

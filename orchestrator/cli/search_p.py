@@ -56,10 +56,10 @@ def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.Arg
 
 
 def cmd_search_p(args: argparse.Namespace) -> int:
+    from orchestrator.spec.sets import load_spec_with_sets
+    from orchestrator.spec.sweep_spec import SpecError
     from orchestrator.store.layout import sweep_paths
     from orchestrator.sweep.search_p import SearchPError, search_p, stage1_spec
-    from orchestrator.sweep.spec import SpecError
-    from orchestrator.sweep.spec_set import load_spec_with_sets
 
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite are mutually exclusive")

@@ -1,5 +1,5 @@
 """The ``--set KEY=VALUE`` option of ``run`` and ``search-p``
-(grammar: orchestrator/sweep/spec_set.py)."""
+(grammar: orchestrator/spec/sets.py)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     monitor = None
     if not args.no_divergence:
-        from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules
+        from orchestrator.spec.divergence_rules import DivergenceRules
+        from orchestrator.sweep.divergence import DivergenceMonitor
 
         monitor = DivergenceMonitor(DivergenceRules())
     ckpt = str(Path(args.out) / "checkpoints") if args.out else None

@@ -118,8 +118,8 @@ def _experiment(root: Path) -> str | None:
     """The sweep's ``tracking.experiment`` (None: the sweep name, or no readable spec)."""
     if not (root / "spec.yaml").exists():
         return None
-    from orchestrator.sweep.spec import SpecError
-    from orchestrator.sweep.spec_yaml import load_spec
+    from orchestrator.spec.sweep_spec import SpecError
+    from orchestrator.spec.yaml_reader import load_spec
 
     try:
         return load_spec(str(root / "spec.yaml")).tracking.experiment

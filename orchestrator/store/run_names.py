@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["run_name", "compact", "END_STATUS", "reason", "EXPERIMENT_KIND", "TAG"]
 
 TAG = "geosweep."  # the prefix of geosweep's MLflow tags (here: importing it needs no MLflow)
-SEED_KEY = "train.seed"  # as orchestrator/sweep/params.py (store does not import sweep)
+SEED_KEY = "train.seed"  # as orchestrator/spec/params.py (store does not import spec)
 _MAX_NAME = 250
 # geosweep status -> MLflow run status
 END_STATUS = {"completed": "FINISHED", "diverged": "FAILED", "stopped": "KILLED",

@@ -25,7 +25,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.sweep.params import Param
+    from orchestrator.spec.params import Param
 
 __all__ = ["UNIFORM_INTERVALS", "regular_intervals", "also_probability", "axis_bounds",
            "axis_decode", "uses_axis"]

@@ -51,9 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
+from orchestrator.spec.params import P_KEY
 from orchestrator.store.parquet import ParquetSink
 from orchestrator.store.run_names import TAG, reason, run_name
-from orchestrator.sweep.params import P_KEY
 from orchestrator.sweep.space import flat_from_tune_config
 
 if TYPE_CHECKING:  # MLflow is imported on the store's thread (orchestrator/sweep/mlflow_start.py)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.sweep.spec import SpecError, SweepSpec
+from orchestrator.spec.sweep_spec import SpecError, SweepSpec
 
 __all__ = ["Experiment", "Extension", "FIRST", "plan_extension", "load_experiment",
            "save_experiment", "experiment_names", "build_experiment_search"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from orchestrator.spec.sweep_spec import SweepSpec
 from orchestrator.store.layout import SweepPaths
-from orchestrator.sweep.spec import SweepSpec
 
 __all__ = ["StoreThread", "mlflow_sink", "import_driver_modules"]
 

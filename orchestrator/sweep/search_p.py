@@ -47,7 +47,9 @@ from orchestrator.analysis.search_p import (
     render_markdown,
     response_curve,
 )
-from orchestrator.sweep.params import P_KEY
+from orchestrator.spec.params import P_KEY
+from orchestrator.spec.sweep_spec import SpecError, SweepSpec
+from orchestrator.spec.yaml_reader import spec_from_dict
 from orchestrator.sweep.search_p_obs import (
     LR_KEY,
     observations,
@@ -58,8 +60,6 @@ from orchestrator.sweep.search_p_obs import (
     trial_steps,
 )
 from orchestrator.sweep.space import AXIS, PREFIX, SPECIAL
-from orchestrator.sweep.spec import SpecError, SweepSpec
-from orchestrator.sweep.spec_yaml import spec_from_dict
 
 __all__ = ["P_KEY", "LR_KEY", "SAMPLERS", "SearchPError", "SearchPResult", "search_p",
            "stage1_spec", "confirm_specs", "observations", "params_from_optuna", "select_top_k",

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from orchestrator.analysis.stats import t_interval
+from orchestrator.spec.params import P_KEY, Param
 from orchestrator.sweep.also_axis import axis_decode
-from orchestrator.sweep.params import P_KEY, Param
 from orchestrator.sweep.space import AXIS, PREFIX, flat_from_tune_config
 
 __all__ = ["LR_KEY", "params_from_optuna", "observations", "trial_steps", "p_bucket",

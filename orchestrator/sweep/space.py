@@ -29,13 +29,13 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.spec.params import Param, holds
+from orchestrator.spec.params import expand as expand_space
 from orchestrator.sweep.also_axis import also_probability, axis_bounds, axis_decode, uses_axis
-from orchestrator.sweep.params import Param, holds
-from orchestrator.sweep.params import expand as expand_space
 from workloads.config import parse_p
 
 if TYPE_CHECKING:  # annotations only: spec.py does not import this module (no cycle)
-    from orchestrator.sweep.spec import SweepSpec
+    from orchestrator.spec.sweep_spec import SweepSpec
 
 __all__ = [
     "PREFIX", "SPECIAL", "AXIS", "REGULAR", "expand", "grid_trials", "count_trials", "build_search",

@@ -1,13 +1,17 @@
 """[2] One Tune trial: turn the sampled params into a workload config and train it.
 
-Two executors, chosen per spec (``resources.executor``):
-- ``train``: a Ray Train run with N workers (DDP over gloo on CPU, NCCL on GPU; one worker
-  trains without a process group). Its reports reach Tune through a ``TuneReportCallback``
-  (the Ray 2.60 Train V2 pattern). ``TorchTrainer``'s pieces are swapped for the ones in
-  orchestrator/sweep/lean_train.py, which start fewer processes and import less per trial.
-- ``in_trial``: the same per-worker function called directly inside the Tune trial. No Train
-  controller, no worker group: measured ~10 s cheaper per trial on CPU (benchmarks/
-  sweep_efficiency.py), so ``auto`` picks it for single-worker, GPU-less trials.
+Two executors, chosen per spec (``resources.executor``); ``auto`` picks ``in_trial`` for every
+single-worker trial, CPU or GPU, and ``train`` only for several workers:
+- ``in_trial``: the per-worker function called directly inside the Tune trial. No Train
+  controller, no worker group: measured ~10-20 s cheaper per trial on CPU (benchmarks/
+  train_executor.py). A GPU trial asks Tune for its GPU share; Ray sets the trial actor's
+  ``CUDA_VISIBLE_DEVICES`` to the GPU it gave, so several trials of ``gpus_per_worker`` < 1
+  share one GPU, each on its own ``cuda:0`` (orchestrator/sweep/worker.py checks it and caps
+  the trial's memory at its share).
+- ``train``: a Ray Train run with N workers (DDP over gloo on CPU, NCCL on GPU). Its reports
+  reach Tune through a ``TuneReportCallback`` (the Ray 2.60 Train V2 pattern).
+  ``TorchTrainer``'s pieces are swapped for the ones in orchestrator/sweep/lean_train.py,
+  which start fewer processes and import less per trial.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ _PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 def resolve_executor(resources: Any) -> str:
     if resources.executor != "auto":
         return resources.executor
-    if resources.workers_per_trial == 1 and not resources.gpus_per_worker:
+    if resources.workers_per_trial == 1:
         return "in_trial"
     return "train"
 
@@ -72,7 +76,7 @@ def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
     if ray.tune.get_context().get_trial_id() in finished:
         return
 
-    from orchestrator.sweep.params import arm_label
+    from orchestrator.spec.params import arm_label
     from orchestrator.sweep.space import flat_from_tune_config
     from workloads.config import apply_overrides, from_dict, to_dict
 
@@ -90,6 +94,7 @@ def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
         "arm": arm_label(flat, plan["space_keys"]),
         "seed": cfg.train.seed,
         "mode": executor,
+        "gpus": float(r.gpus_per_worker),
     }
     if executor == "in_trial":
         train_worker(loop_config)

@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.spec.sweep_spec import SweepSpec
 from orchestrator.store.layout import SweepPaths, sweep_paths
 from orchestrator.sweep.experiments import Extension
 from orchestrator.sweep.interrupt import fit_watching_sigint
 from orchestrator.sweep.mlflow_start import StoreThread, import_driver_modules, mlflow_sink
 from orchestrator.sweep.progress import make_progress
-from orchestrator.sweep.spec import SweepSpec
 
 __all__ = ["SweepPaths", "SweepResult", "sweep_paths", "run_sweep", "make_progress", "Extension"]
 
@@ -75,6 +75,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     # checked before Ray starts: a refused extension changes nothing
     plan = _Plan.make(spec, paths, resume, extend)
     spec, exp = plan.spec, plan.exp
+    _check_gpu_plan(spec, address)
     # The default MLflow store is built on a thread (orchestrator/sweep/mlflow_start.py): its
     # imports overlap Ray's start, the store itself Tune's start and the first trials (the
     # result sink's writer waits for it). A store outside the sweep folder (a server) is
@@ -200,6 +201,26 @@ class _Plan:
         return cls(spec, exp, names, previous, manifest, planned, storage)
 
 
+def _check_gpu_plan(spec: SweepSpec, address: str | None) -> None:
+    """Before Ray starts: refuse a plan whose trials would not fit in their GPU share, on
+    this machine's GPU (or the size in GEOSWEEP_GPU_MEMORY_GB; on a cluster only then). Each
+    GPU trial checks again on its own GPU before it trains (orchestrator/sweep/worker.py)."""
+    share = spec.resources.gpus_per_worker
+    if not share:
+        return
+    from orchestrator.spec.sweep_spec import SpecError
+    from orchestrator.sweep.gpu_fit import GpuFitError, check_gpu_fit, local_gpu_bytes, plan_configs
+    from workloads.config import apply_overrides
+
+    try:
+        have = local_gpu_bytes(probe=not address)  # a cluster's GPUs are not this machine's
+        if have is not None:
+            check_gpu_fit(plan_configs(spec.base_config(), spec.space, apply_overrides),
+                          share, have)
+    except GpuFitError as e:
+        raise SpecError(str(e)) from None
+
+
 def _objective() -> str:
     from orchestrator.sweep.worker import OBJECTIVE
 
@@ -242,6 +263,9 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
     prewarm(spec.resources)
     tune_dir = paths.ray_storage / exp.name
     if restore and tune_dir.exists() and tune.Tuner.can_restore(str(tune_dir)):
+        from orchestrator.sweep.moved_modules import alias_moved_modules
+
+        alias_moved_modules()  # a sweep pickled before orchestrator/spec/ existed
         tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable,
                                    resume_unfinished=True, restart_errored=True,
                                    param_space=param_space)

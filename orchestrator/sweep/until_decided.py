@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.sweep.spec import SweepSpec
-from orchestrator.sweep.spec_report import AutoSeeds
+from orchestrator.spec.report_seeds import AutoSeeds
+from orchestrator.spec.sweep_spec import SweepSpec
 
 __all__ = ["DEFAULT_BUDGET", "plan_round", "until_decided"]
 

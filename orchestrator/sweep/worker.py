@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules, penalty_value
+from orchestrator.spec.divergence_rules import DivergenceRules
+from orchestrator.sweep.divergence import DivergenceMonitor, penalty_value
+from orchestrator.sweep.gpu_fit import check_gpu_fit, visible_devices_match
 from workloads.config import flatten, from_dict
 from workloads.report import Report
 
@@ -59,7 +61,7 @@ def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: fl
 
 def train_worker(config: dict[str, Any]) -> None:
     """Ray entry point. ``config``: {"workload", "rules", "metric", "params", "arm", "seed",
-    "mode": "train" | "in_trial"}."""
+    "mode": "train" | "in_trial", "gpus": the worker's GPU share (0: none)}."""
     t_start = time.time()
     mode = config["mode"]
     if mode == "train":
@@ -80,8 +82,9 @@ def train_worker(config: dict[str, Any]) -> None:
     cfg = from_dict(config["workload"])
     rules = DivergenceRules(**config["rules"])
     metric = config["metric"]
-    ctx = {"node": f"{socket.gethostname()}:{_node_ip()}", "params": config["params"],
-           "arm": config["arm"], "seed": config["seed"]}
+    gpus = _claim_gpus(cfg, float(config.get("gpus") or 0.0), mode, config["arm"])
+    ctx = {"node": f"{socket.gethostname()}:{_node_ip()}{f' gpu {gpus}' if gpus else ''}",
+           "params": config["params"], "arm": config["arm"], "seed": config["seed"]}
 
     # Our own checkpoint folder; Ray persists it to the run's storage when reported.
     ckpt_dir = tempfile.mkdtemp(prefix="geosweep-ckpt-")
@@ -120,6 +123,57 @@ def train_worker(config: dict[str, Any]) -> None:
     finally:
         for d in [ckpt_dir, *stages]:
             shutil.rmtree(d, ignore_errors=True)
+        if gpus and mode == "in_trial":
+            _release_cache()
+
+
+def _claim_gpus(cfg: Any, share: float, mode: str, arm: str) -> str:
+    """The GPUs Ray gave this worker, as ``CUDA_VISIBLE_DEVICES`` lists them ("" for none),
+    checked before anything trains.
+
+    In the Tune trial's own process (``in_trial``) Ray set ``CUDA_VISIBLE_DEVICES`` to the
+    trial's GPU when it started the actor, and torch's ``cuda:0`` is that GPU; a trial that
+    sees others (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) would train on someone
+    else's. A GPU-less trial on a GPU machine sees every GPU (Ray 2.60 leaves the variable
+    alone for zero GPUs), so ``train.device: auto`` becomes cpu there. A shared GPU (share <
+    1) is checked against the trial's memory estimate and caps this process's allocator at
+    its share, so a trial that outgrows it fails alone (orchestrator/sweep/gpu_fit.py)."""
+    import ray
+
+    # not inside Ray (a direct call): no GPU of Ray's (get_gpu_ids would start a Ray)
+    ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    if not ids:
+        if cfg.train.device == "auto":
+            cfg.train.device = "cpu"
+        return ""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mode == "train":  # Ray Train shares a node's GPUs between its workers (NCCL)
+        return ",".join(str(i) for i in ids)
+    if not visible_devices_match(visible, ids):
+        raise RuntimeError(f"CUDA_VISIBLE_DEVICES={visible!r} in the trial's process but Ray "
+                           f"gave it GPU(s) {ids}; unset RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_"
+                           "DEVICES so that each trial sees only its own GPU")
+    import torch
+
+    if share and torch.cuda.is_available():
+        dev = torch.device("cuda", 0)
+        check_gpu_fit([(f"trial {arm}", cfg)], share,
+                      torch.cuda.get_device_properties(dev).total_memory,
+                      where=torch.cuda.get_device_name(dev))
+        if share < 1:
+            torch.cuda.set_per_process_memory_fraction(share, dev)
+    return visible or ""
+
+
+def _release_cache() -> None:
+    """The trial actor is reused by the next trial: hand the cached blocks back to the GPU."""
+    import gc
+
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _staged(step_dir: str, stages: list[str]) -> str:

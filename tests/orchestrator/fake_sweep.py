@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.sweep.spec_yaml import load_spec
+from orchestrator.spec.yaml_reader import load_spec
 
 SPEC = """
 name: fake

@@ -10,8 +10,8 @@ import orchestrator
 
 def test_entry_points_are_the_modules_functions():
     from orchestrator.analysis.load import load_sweep
+    from orchestrator.spec.yaml_reader import load_spec
     from orchestrator.store.weights import load_model
-    from orchestrator.sweep.spec_yaml import load_spec
     from orchestrator.sweep.tuner import run_sweep
 
     assert orchestrator.load_spec is load_spec

@@ -28,7 +28,7 @@ def test_validating_a_spec_imports_no_torch():
     """What every geosweep command does first (load and validate a shipped spec with a GPT and
     Manifold Muon) leaves torch unimported: its ~2-3 s stay out of a sweep's start."""
     code = ("import sys\n"
-            "from orchestrator.sweep.spec_yaml import load_spec\n"
+            "from orchestrator.spec.yaml_reader import load_spec\n"
             "load_spec('manifold_assignment')\n"
             "load_spec('continuity_mlp')\n"
             "print('torch' in sys.modules)\n")

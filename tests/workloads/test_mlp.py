@@ -52,6 +52,7 @@ def _ref_forward(x, w_in, ws, w_out, act, norm, skip):
             np.linalg.norm(z, axis=-1, keepdims=True) / np.sqrt(z.shape[-1])),
         "silu": lambda z: z / (1 + np.exp(-z)),
         "gelu": lambda z: 0.5 * z * (1 + erf(z / np.sqrt(2))),
+        "tanh": np.tanh,
     }
     norms = {
         "none": lambda h: h,
@@ -238,8 +239,8 @@ def test_matrix_roles():
 
 
 def test_bad_config():
-    with pytest.raises(ConfigError, match="model.activation: 'tanh' is not one of"):
-        ResidualMLP(MLPConfig(activation="tanh"))
+    with pytest.raises(ConfigError, match="model.activation: 'sigmoid' is not one of"):
+        ResidualMLP(MLPConfig(activation="sigmoid"))
     with pytest.raises(ConfigError, match="model.norm: 'batchnorm' is not one of"):
         ResidualMLP(MLPConfig(norm="batchnorm"))
     with pytest.raises(ConfigError, match="model.init: 'xavier' is not one of depth_scaled"):

@@ -277,17 +277,20 @@ def test_dual_stats_and_rows_exposed_per_matrix():
     torch.manual_seed(0)
     model = TinyGPT()
     x = torch.randint(0, 11, (4, 8))
-    opts = build_optimizers(model, muon_cfg("hetero"))  # default dual: newton, tol 1e-6
+    opts = build_optimizers(model, muon_cfg("hetero"))  # default dual: fast, tol 1e-4
     model(x, x)[1].backward()
     opts.step()
     stats = opts.muon.dual_stats()
     assert [n for n, _, _ in stats] == [n for g in opts.muon.param_groups for n in g["names"]]
     assert {n for n, _, _ in stats} == set(opts.managed)
     for _, residual, passes in stats:
-        assert residual < 1e-6 and 1 <= passes <= 20
+        # a cold first step on a tiny model's rank-deficient gradients: fast mode's fp32
+        # residual, as logged (its tol 1e-4 is met from the warm-started steps on)
+        assert residual < 1e-3 and 1 <= passes <= 20
     rows = opts.dual_rows(step=7)
-    assert len(rows) == 2 * len(stats)
-    assert {r["metric"] for r in rows} == {"optim/dual_residual", "optim/dual_passes"}
+    assert len(rows) == 3 * len(stats)
+    assert {r["metric"] for r in rows} == {"optim/dual_residual", "optim/dual_passes",
+                                           "optim/dual_mu"}
     row = next(r for r in rows if r["metric"] == "optim/dual_passes" and r["module"] == "qkv")
     assert set(row) == {"step", "metric", "module", "layer", "next_layer", "value"}
     assert row["step"] == 7 and row["next_layer"] == -1 and row["layer"] in (0, 1)

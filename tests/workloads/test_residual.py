@@ -242,3 +242,53 @@ def test_spheret_step_sizes_once_per_forward_match_per_sublayer():
     assert torch.allclose(h, h2, atol=1e-12)
     assert torch.allclose(grad_cached, s.s.grad, rtol=1e-10, atol=1e-14)
     assert grad_cached.abs().min() > 0
+
+
+@pytest.mark.parametrize("family", ["spheret", "geonorm"])
+@pytest.mark.parametrize("alpha_init", [1.0, 0.05])
+def test_alpha_init_sets_the_first_step_sizes(family, alpha_init):
+    s = make_stream({"family": family, "alpha_init": alpha_init}, D, L).double()
+    lam = torch.tensor([k**-0.5 for k in range(1, 2 * L + 1)], dtype=torch.float64)
+    assert torch.allclose(s.step_sizes(), alpha_init * lam, rtol=1e-6)
+
+
+def test_alpha_lr_mult_is_an_adam_lr_multiplier_for_the_step_sizes_only():
+    """Same init, same loss: one Adam step (eps 0: the step is lr x sign(g) whatever the
+    gradient's scale) moves m*s, the argument of the softplus, m times as far."""
+    moved = {}
+    for m in (1.0, 10.0):
+        s = make_stream({"family": "spheret", "alpha_init": 0.05, "alpha_lr_mult": m}, D, L)
+        s = s.double()
+        assert torch.allclose(s.step_sizes()[0], torch.tensor(0.05, dtype=torch.float64))
+        opt = torch.optim.Adam([s.s], lr=1e-4, eps=1e-30)
+        _, out = _run(s, _x(), [_branch(k) for k in range(2 * L)])
+        (out * out).sum().backward()
+        before = m * s.s.detach().clone()
+        opt.step()
+        moved[m] = (m * s.s.detach() - before).abs()
+    ratio = moved[10.0] / moved[1.0]
+    assert torch.allclose(ratio, torch.full_like(ratio, 10.0), rtol=1e-9)
+
+
+@pytest.mark.parametrize("bad", [{"alpha_init": 0.0}, {"alpha_init": -1.0},
+                                 {"alpha_lr_mult": 0}, {"alpha_init": "inf"}])
+def test_alpha_params_refuse_non_positive_or_infinite(bad):
+    key = next(iter(bad))
+    with pytest.raises(ConfigError, match=rf"model\.residual\.{key}: must be a finite number > 0"):
+        family_params({"family": "spheret", **bad})
+
+
+def test_saturation_control_summarises_beta_and_gives_rows():
+    s = _stream({"family": "spheret", "p": 1.0})
+    s.record_stats = True
+    _run(s, _x(), [_branch(k) for k in range(2 * L)])
+    st = s.stats()
+    per = [st[f"beta_mean/{k}"] for k in range(2 * L)]
+    assert st["beta_mean_max"] == max(per)
+    assert st["frac_beta_gt_half_pi_max"] == max(st[f"frac_beta_gt_half_pi/{k}"]
+                                                  for k in range(2 * L))
+    rows = s.step_rows(40)
+    assert len(rows) == 2 * 2 * L and {r["module"] for r in rows} == {"stream"}
+    beta = {r["layer"]: r["value"] for r in rows if r["metric"] == "stream.beta_mean"}
+    assert [beta[k] for k in range(2 * L)] == pytest.approx(per)
+    assert _stream({"family": "spheret"}).step_rows(1) == []  # nothing recorded yet

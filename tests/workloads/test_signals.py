@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules
+from orchestrator.spec.divergence_rules import DivergenceRules
+from orchestrator.sweep.divergence import DivergenceMonitor
 from workloads.config import PRESETS, apply_overrides
 from workloads.metrics.collect import MetricsCollector
 from workloads.metrics.signals import StepSignals

@@ -131,7 +131,8 @@ def test_monitor_asked_every_step_and_stops_at_once():
 
 
 def test_huge_lr_diverges_with_real_rules():
-    from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules
+    from orchestrator.spec.divergence_rules import DivergenceRules
+    from orchestrator.sweep.divergence import DivergenceMonitor
 
     mon = DivergenceMonitor(DivergenceRules(warmup_steps=2))
     res = run(_cfg("gpt-debug", **{"train.steps": 60, "train.eval_every": 60, "optim.lr": 50.0,

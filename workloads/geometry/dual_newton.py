@@ -1,13 +1,19 @@
 """The Newton solver of the Manifold Muon dual, in Gram space; docs/science.md §3.2-3.3.
 
-f(Lambda) = tr (X^T X + mu^2 I)^{1/2}, X = G + 2 W Lambda, over symmetric Lambda = P(Lambda).
+f(Lambda) = tr (X^T X + mu^2 I)^{1/2}, X = G + 2 W Lambda, over symmetric Lambda = P(Lambda),
+for the raw W (DGram's column norms are part of its tangent condition: no rescaled frame).
 Every quantity is n x n: with G1 = W^T G, C = G^T G, M = W^T W (three Gram products of the
 tall inputs, made once per call),
 
     Y = W^T X = G1 + 2 M L,   N = X^T X = C + 2 (G1^T L + L G1) + 4 L M L,
 
-and one fp64 eigh N = V diag(e) V^T gives s = sqrt(e + mu^2), Q = (N + mu^2)^{-1/2},
+and one eigh N = V diag(e) V^T gives s = sqrt(e + mu^2), Q = (N + mu^2)^{-1/2},
 f = sum(s) and the gradient H = P(Y Q + Q Y^T) (the tangent violation of A = X Q).
+
+The working dtype is the caller's (``GramProblem(..., dtype)``): fp64 for the ``exact`` mode,
+fp32 for ``fast``. An eigenvalue below n eps e_max is round-off of the Gram and counts as 0,
+so fp32 resolves singular values of X down to ~sqrt(n eps) sigma_max (3e-3 at n = 64), fp64
+to ~1e-7 (docs/science.md §3.2: why fp32 directions differ from fp64 ones on real gradients).
 
 A pass is one eigh. Its Newton direction solves hess(D) = -H by preconditioned CG, run in V's
 basis, where the Hessian (Daleckii-Krein) and the frozen-Q preconditioner are entrywise maps:
@@ -15,8 +21,14 @@ dN = 2 (D Y + Y^T D), dQ = K o dN with K_ij = -1 / (s_i s_j (s_i + s_j)),
 hess(D) = P(dWA + dWA^T), dWA = 2 M D Q + Y dQ, so an iteration is 3 n x n products (plus 4
 for a projector that is not the identity) and needs no eigh. CG runs in fp32: the direction
 only has to be good to a few digits (inexact Newton keeps a superlinear rate), while f, H and
-the residual, which decide acceptance and stopping, stay fp64. An Armijo backtrack on f keeps
-every pass a descent.
+the residual, which decide acceptance and stopping, stay in the working dtype. An Armijo
+backtrack on f keeps every pass a descent.
+
+Smoothing (mu > 0) is a continuation device: ``newton_solve`` walks mu down a ladder to the
+mode's floor (fp64's resolution, then an unsmoothed polish, for ``exact``; fp32's resolution
+for ``fast``), or straight to mu = 0 once smoothing no longer changes the answer, and returns
+per matrix the best pass of the rung it ended on. Whatever rung that is, the caller measures
+the residual of the A it returns against the raw W.
 """
 
 from __future__ import annotations
@@ -26,13 +38,16 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["GramProblem", "mu_ladder", "newton_solve", "off", "identity"]
+__all__ = ["GramProblem", "newton_solve", "off", "identity", "eig_gram", "eig_sqrt",
+           "resolution"]
 
 Projector = Callable[[torch.Tensor], torch.Tensor]
-_F64, _F32 = torch.float64, torch.float32
-ETA_MIN, ETA_MAX = 1e-3, 0.1  # the CG forcing term's range (see _newton_direction)
-LADDER_RATIO = math.sqrt(10.0)  # mu shrinks by this per rung (see mu_ladder)
-STAGE_TOL = 1e-3  # a smoothing rung's stopping residual before the last one (see mu_ladder)
+# the CG forcing term's range per CG dtype (see _newton_direction)
+ETA_MIN, ETA_MAX = {torch.float32: 1e-3, torch.float64: 1e-8}, 0.1
+LADDER_RATIO = math.sqrt(10.0)  # mu shrinks by this per rung (see newton_solve)
+STAGE_TOL = 1e-3  # a smoothing rung's largest stopping residual above the floor (newton_solve)
+JUMP = 10.0  # sigma_min(X) >= JUMP mu on every matrix: smoothing is idle, go to mu = 0
+STALL = 8  # passes without 10% progress on a rung's worst open residual: the walk stops there
 M_EYE_TOL = 1e-4  # ||W^T W - I||_F below this: CG takes M = I (see _newton_direction)
 
 
@@ -58,14 +73,27 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum(dim=(-2, -1), keepdim=True)
 
 
-def eig_sqrt(N: torch.Tensor, mu2: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Singular values s (..., n) and right singular vectors V of X from N = X^T X; with
-    ``mu2 > 0`` the smoothed sqrt(s^2 + mu^2). Eigenvalues below ``n eps e_max`` (round-off of
-    a rank-deficient Gram) count as 0."""
+def resolution(n: int, dtype: torch.dtype) -> float:
+    """sqrt(n eps): the smallest sigma / sigma_max of X that a Gram N = X^T X in ``dtype``
+    still tells from round-off (its eigenvalues are known to ~n eps e_max)."""
+    return math.sqrt(n * torch.finfo(dtype).eps)
+
+
+def eig_gram(N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues e (..., n), ascending, and eigenvectors V of a Gram N = X^T X: e = s^2 for
+    X's singular values s. Eigenvalues below ``n eps e_max`` (round-off of a rank-deficient
+    Gram, eps of N's dtype) count as 0."""
     e, V = torch.linalg.eigh(_sym(N))
     e = e.clamp_min(0.0)
-    floor = e[..., -1:] * (e.shape[-1] * 1e-15)
-    return (torch.where(e > floor, e, 0.0) + mu2).sqrt(), V
+    floor = e[..., -1:] * (e.shape[-1] * torch.finfo(N.dtype).eps)
+    return torch.where(e > floor, e, 0.0), V
+
+
+def eig_sqrt(N: torch.Tensor, mu2: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``eig_gram``'s singular values s = sqrt(e) (with ``mu2 > 0`` the smoothed
+    sqrt(s^2 + mu^2)) and V."""
+    e, V = eig_gram(N)
+    return (e + mu2).sqrt(), V
 
 
 def _basis_projector(P: Projector, V: torch.Tensor) -> Projector:
@@ -79,21 +107,22 @@ def _basis_projector(P: Projector, V: torch.Tensor) -> Projector:
 
 
 class GramProblem:
-    """The n x n data of one batch of direction problems (fp64), from tall G, W (..., m, n)
-    in any float dtype: the three Gram products run in that dtype, the rest in fp64."""
+    """The n x n data of one batch of direction problems, from tall G, W (..., m, n): the three
+    Gram products run in the inputs' dtype, the rest in ``dtype`` (fp32 or fp64)."""
 
-    def __init__(self, G: torch.Tensor, W: torch.Tensor, P: Projector, mu: float = 0.0) -> None:
-        self.P, self.mu2, self.n = P, mu * mu, W.shape[-1]
-        self.M = _sym(W.mT @ W).to(_F64)
-        self.G1 = (W.mT @ G).to(_F64)
-        self.C = _sym(G.mT @ G).to(_F64)
+    def __init__(self, G: torch.Tensor, W: torch.Tensor, P: Projector,
+                 dtype: torch.dtype = torch.float64, mu: float = 0.0) -> None:
+        self.P, self.mu2, self.n, self.dtype = P, mu * mu, W.shape[-1], dtype
+        self.M = _sym(W.mT @ W).to(dtype)
+        self.G1 = (W.mT @ G).to(dtype)
+        self.C = _sym(G.mT @ G).to(dtype)
 
     @classmethod
     def from_grams(cls, C: torch.Tensor, G1: torch.Tensor, M: torch.Tensor, P: Projector,
                    mu: float = 0.0) -> GramProblem:
-        """The problem from its three fp64 Grams (G^T G, W^T G, W^T W): no tall products."""
+        """The problem from its three Grams (G^T G, W^T G, W^T W), in their dtype."""
         pb = cls.__new__(cls)
-        pb.P, pb.mu2, pb.n = P, mu * mu, M.shape[-1]
+        pb.P, pb.mu2, pb.n, pb.dtype = P, mu * mu, M.shape[-1], M.dtype
         pb.C, pb.G1, pb.M = C, G1, M
         return pb
 
@@ -105,12 +134,18 @@ class GramProblem:
         return self._m_is_eye
 
     def state(self, L: torch.Tensor) -> dict[str, torch.Tensor]:
-        """f, H and what the Newton direction needs at multiplier L (..., n, n): one eigh."""
+        """f, H and what the Newton direction needs at multiplier L (..., n, n): one eigh
+        (none when the same L was just asked at another mu: its eigh is kept)."""
         ML = self.M @ L
         Y = self.G1 + 2.0 * ML  # W^T X
-        LG = self.G1.mT @ L
-        N = self.C + 2.0 * (LG + LG.mT) + 4.0 * L @ ML  # X^T X
-        s, V = eig_sqrt(N, self.mu2)
+        if getattr(self, "_eig_of", None) is L:
+            e, V = self._eig
+        else:
+            LG = self.G1.mT @ L
+            N = self.C + 2.0 * (LG + LG.mT) + 4.0 * L @ ML  # X^T X
+            e, V = eig_gram(N)
+            self._eig_of, self._eig = L, (e, V)
+        s = (e + self.mu2).sqrt()
         Q = (V * _inv(s).unsqueeze(-2)) @ V.mT  # (X^T X + mu^2)^{-1/2}
         WA = Y @ Q  # W^T A
         H = self.P(WA + WA.mT)
@@ -118,17 +153,22 @@ class GramProblem:
         return {"L": L, "Y": Y, "s": s, "V": V, "Q": Q, "H": H, "f": s.sum(-1), "res": res}
 
 
-def _newton_direction(pb: GramProblem, st: dict, cg_iters: int) -> torch.Tensor:
-    """Preconditioned CG on hess(D) = -H in V's basis, fp32, a fixed number of iterations
-    (batched, no host syncs); returns D in the original basis, fp64."""
-    V = st["V"].to(_F32)
-    s = st["s"].to(_F32)
+def _newton_direction(pb: GramProblem, st: dict, cg_iters: int,
+                      rhs: torch.Tensor | None = None) -> torch.Tensor:
+    """Preconditioned CG on hess(D) = -H (or = -``rhs``) in V's basis, at most ``cg_iters``
+    iterations
+    (batched), in fp32 (fast) or fp64 (exact: near a (near-)zero singular value of X the
+    Hessian's condition is ~1/mu, past what fp32 CG resolves); returns D in the original
+    basis, in the working dtype."""
+    cd = pb.dtype
+    V = st["V"].to(cd)
+    s = st["s"].to(cd)
     Vt = V.mT
-    Yb = Vt @ st["Y"].to(_F32) @ V
-    # M in the basis; on the manifold (M = I to fp32 round-off, the optimizer's case) it is
-    # left out: CG only needs a few digits (f, H and the residual stay exact), and that saves
+    Yb = Vt @ st["Y"].to(cd) @ V
+    # M in the basis; on the manifold (M = I to fp32 round-off, Stiefel's case) it is left
+    # out: CG only needs a few digits (f, H and the residual stay exact), and that saves
     # 2 + (one per CG iteration) n x n products a pass
-    MDs = None if pb.m_is_eye() else Vt @ pb.M.to(_F32) @ V
+    MDs = None if pb.m_is_eye() else Vt @ pb.M.to(cd) @ V
     inv_s = _inv(s).unsqueeze(-2)
     si, sj = s.unsqueeze(-1), s.unsqueeze(-2)
     K = -_inv(si * sj * (si + sj))
@@ -144,16 +184,18 @@ def _newton_direction(pb: GramProblem, st: dict, cg_iters: int) -> torch.Tensor:
         dWA = 2.0 * (D if MDs is None else MDs @ D) * inv_s + Yb @ dQ
         return Pb(dWA + dWA.mT)
 
-    tiny = torch.finfo(_F32).tiny
-    R = -(Vt @ st["H"].to(_F32) @ V)
+    tiny = torch.finfo(cd).tiny
+    R = -(Vt @ (st["H"] if rhs is None else rhs).to(cd) @ V)
     D = torch.zeros_like(R)
     Z = Pb(pre * R)
     Pd, rz = Z, _dot(R, Z)
-    # Inexact Newton: solve to a relative residual eta = clamp(10 res, 1e-3, 0.1), a forcing
-    # term that shrinks with the residual (Eisenstat-Walker; quadratic-like rate near the
-    # solution), and never below 1e-3, where fp32 CG still holds (it loses conjugacy past
-    # ~1e-5). A solved matrix stops moving; all solved, CG stops.
-    eta = (10.0 * st["res"].to(_F32)).clamp(ETA_MIN, ETA_MAX)[..., None, None]
+    # Inexact Newton: solve to a relative residual eta = clamp(10 res, eta_min, 0.1), a
+    # forcing term that shrinks with the residual (Eisenstat-Walker; quadratic-like rate near
+    # the solution), and never below 1e-3 in fp32, where fp32 CG still holds (it loses
+    # conjugacy past ~1e-5), or 1e-8 in fp64. A solved matrix stops moving; all solved, CG
+    # stops.
+    eta_min = ETA_MIN[cd]
+    eta = (10.0 * st["res"].to(cd)).clamp(eta_min, ETA_MAX)[..., None, None]
     stop = rz * eta * eta
     for _ in range(cg_iters):
         if not bool((rz > stop).any()):
@@ -169,32 +211,14 @@ def _newton_direction(pb: GramProblem, st: dict, cg_iters: int) -> torch.Tensor:
         Pd = Z + torch.where(ok, rz_new / rz.clamp_min(tiny), 0.0) * Pd
         rz = rz_new
     Vd = st["V"]
-    D = pb.P(_sym(Vd @ D.to(_F64) @ Vd.mT))
+    D = pb.P(_sym(Vd @ D.to(pb.dtype) @ Vd.mT))
     # CG on a PSD system from 0 gives a descent direction; if round-off broke that, take the
     # preconditioned gradient (in the original basis)
     bad = _dot(D, st["H"]) >= 0
-    if bool(bad.any()):
-        G0 = Vd @ (pre.to(_F64) * -(Vd.mT @ st["H"] @ Vd)) @ Vd.mT
+    if rhs is None and bool(bad.any()):
+        G0 = Vd @ (pre.to(pb.dtype) * -(Vd.mT @ st["H"] @ Vd)) @ Vd.mT
         D = torch.where(bad, pb.P(_sym(G0)), D)
     return D
-
-
-def mu_ladder(mu: float, start: float) -> list[float]:
-    """The smoothing continuation mu_k = mu 10^k, k = K..0, from ~``start`` down to ``mu``.
-
-    At mu = 1e-3 the smoothed f has curvature ~1/mu across a (near-)zero singular value of X,
-    which the optimum of a square DGram problem has: Newton's region of quadratic convergence
-    shrinks to ~mu: from a cold start full steps overshoot (f 7 -> 21), Armijo halves them
-    (one eigh each) and 20 passes end at residual 1e-5..1e-2 (gpt-tiny's 128 x 128 attention
-    projections: ~3.5 s per 4 matrices, once NaN). Each rung is solved to ``STAGE_TOL`` from
-    the previous rung's multiplier, inside the next one's Newton region: the same 20 passes
-    then end at 1e-5 in ~1.3 s. A ratio of sqrt(10) per rung measured fewest passes (10 and 2
-    took more); a warm start from the previous step's multiplier at the final mu did worse.
-    """
-    if mu <= 0.0 or start <= mu:
-        return [mu]
-    k = math.ceil(math.log(start / mu) / math.log(LADDER_RATIO) - 1e-9)
-    return [mu * LADDER_RATIO**j for j in range(k, 0, -1)] + [mu]
 
 
 def _newton_pass(pb: GramProblem, st: dict, active: torch.Tensor, cg_iters: int) -> dict:
@@ -202,11 +226,10 @@ def _newton_pass(pb: GramProblem, st: dict, active: torch.Tensor, cg_iters: int)
 
     Every trial step costs an eigh, as a pass does. Far from the optimum (real training
     gradients are near rank-deficient, so X = G + 2 W Lambda has singular values ~mu there
-    and the full Newton step overshoots) the plain halving backtracked about once per pass:
-    462 eighs for 248 passes on gpt-debug's tall matrices (docs/science.md §3.2). So each
-    matrix starts at twice its previous pass's accepted step (capped at 1; 1 on a rung's first
-    pass) and backtracks to the minimiser of the quadratic through f(0), f'(0) and f(t),
-    safeguarded to [t/10, t/2]: 295 eighs for 213 passes there, the same residuals.
+    and the full Newton step overshoots) plain halving backtracked about once per pass. So
+    each matrix starts at twice its previous pass's accepted step (capped at 1; 1 on a rung's
+    first pass) and backtracks to the minimiser of the quadratic through f(0), f'(0) and f(t),
+    safeguarded to [t/10, t/2] (docs/science.md §3.2).
     """
     D = _newton_direction(pb, st, cg_iters)
     D = torch.where(active[..., None, None], D, 0.0)
@@ -214,8 +237,16 @@ def _newton_pass(pb: GramProblem, st: dict, active: torch.Tensor, cg_iters: int)
     t = (2.0 * st["t"]).clamp(max=1.0) if "t" in st else torch.ones_like(st["f"])
     L = st["L"]
     new = pb.state(L + t[..., None, None] * D)
+    rel = 10.0 * torch.finfo(pb.dtype).eps  # f's own round-off: a tie is not an ascent
+    # In fp32 f carries ~n eps e_max / mu of round-off from the eigh's small eigenvalues, above
+    # the decrease a Newton step near the optimum makes (measured on real gradients at the fast
+    # floor: Armijo refused every step, 0 progress in 9 passes): there a step that cuts the
+    # residual by 10% without raising f beyond that round-off is taken too.
+    noisy = pb.dtype == torch.float32
     for _ in range(30):
-        ok = new["f"] <= st["f"] + 1e-4 * t * slope + 1e-14 * st["f"].abs()
+        ok = new["f"] <= st["f"] + 1e-4 * t * slope + rel * st["f"].abs()
+        if noisy:
+            ok = ok | ((new["res"] <= 0.9 * st["res"]) & (new["f"] <= st["f"] * (1 + 1e-4)))
         if bool(ok.all()):
             break
         curv = (new["f"] - st["f"] - t * slope).clamp_min(torch.finfo(t.dtype).tiny)
@@ -226,32 +257,109 @@ def _newton_pass(pb: GramProblem, st: dict, active: torch.Tensor, cg_iters: int)
     return new
 
 
-def newton_solve(pb: GramProblem, L: torch.Tensor, steps: int, tol: float, cg_iters: int,
-                 mus: list[float] | None = None) -> tuple[dict, torch.Tensor]:
-    """Newton passes from L until every residual < tol or ``steps`` passes; returns the final
-    state and the per-matrix pass counts (a matrix stops counting once below tol).
+_KEPT = ("L", "Q", "Y", "H", "res", "mu2")  # what a solution carries out of the solver
 
-    ``mus`` (default: ``pb``'s own mu) is a smoothing ladder ending at ``pb``'s mu
-    (``mu_ladder``); the rungs before the last stop at ``STAGE_TOL`` and each keeps at least
-    one pass for the rungs after it. ``pb.mu2`` is left at the last rung's value.
+
+def _pick(take: torch.Tensor, a: dict, b: dict) -> dict:
+    """Per matrix, ``a``'s entries where ``take`` (...) holds, else ``b``'s."""
+    out = {}
+    for k in _KEPT:
+        w = take.reshape(take.shape + (1,) * (a[k].ndim - take.ndim))
+        out[k] = torch.where(w, a[k], b[k])
+    return out
+
+
+def _predict(pb: GramProblem, st: dict, mu: float, mu_next: float, cg_iters: int
+             ) -> torch.Tensor:
+    """The multiplier at ``mu_next`` to first order (the path's tangent): solve
+    hess(D) = -dH/dmu (mu_next - mu) at the state ``st`` of rung ``mu``, with
+    dH/dmu = P(Y dQ + dQ Y^T), dQ = V diag(-mu / s^3) V^T (s the smoothed singular values).
+    A near-null singular value of X tracks mu along the path; without the predictor each new
+    rung starts O(1) away from its optimum in that direction (docs/science.md §3.3)."""
+    V, sm = st["V"], st["s"]
+    dQ = (V * (-mu / sm.clamp_min(torch.finfo(sm.dtype).tiny) ** 3).unsqueeze(-2)) @ V.mT
+    YdQ = st["Y"] @ dQ
+    dH = pb.P(YdQ + YdQ.mT) * (mu_next - mu)
+    return st["L"] + _newton_direction(pb, st, cg_iters, rhs=dH)
+
+
+def _smin(st: dict) -> torch.Tensor:
+    """The smallest unsmoothed singular value of X at a state (s = sqrt(e + mu^2))."""
+    return (st["s"][..., 0] ** 2 - st["mu2"]).clamp_min(0.0).sqrt()  # s ascending (eigh)
+
+
+def newton_solve(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch.Tensor | float,
+                 cg_iters: int,
+                 start: float = 0.0, floor: float = 0.0, polish: bool = True,
+                 ) -> tuple[dict, torch.Tensor]:
+    """Newton passes from L until every residual < tol or ``steps`` passes in all; returns,
+    per matrix, the best pass's state (``L``, ``Q``, ``Y``, ``H``, ``res`` and ``mu2``, the rung
+    it was on) and the per-matrix pass counts (a matrix stops counting once below tol).
+
+    The smoothing ladder: rungs mu = ``start``, start / sqrt(10), ... down to ``floor``, each
+    from the previous rung's multiplier (at a small mu, f has curvature ~1/mu across a
+    near-zero singular value of X, which real near rank-deficient gradients and square DGram
+    give the optimum, so Newton's region of quadratic convergence shrinks to ~mu: each rung,
+    solved to min(``STAGE_TOL``, mu / 10), starts the next one inside it; docs/science.md
+    §3.2-3.3; a ratio
+    of sqrt(10) measured fewest passes). Where smoothing does not matter at a rung's start
+    (every X's smallest singular value >= ``JUMP`` mu) the walk goes straight to mu = 0. The
+    floor rung is solved to ``tol``; then with ``polish`` an unsmoothed rung follows (kept per
+    matrix only where its residual ended no worse: an optimum with a zero singular value of X
+    is reached by no unsmoothed pass), without it the floor rung is the answer. A rung goes on
+    until it meets its tolerance; when ``steps`` run out first, or the rung stalls (``STALL``
+    passes without progress: a rung below what the dtype or the path can follow), the walk
+    ends there and the rung before is kept where it ended better. Between rungs a tangent
+    predictor (``_predict``) moves the multiplier along the path. ``start`` 0: unsmoothed.
+    The state's ``mu2`` says which smoothing the answer has (0: the unsmoothed optimum).
     """
-    mus = [math.sqrt(pb.mu2)] if mus is None else mus
     passes = torch.zeros(L.shape[:-2], dtype=torch.long, device=L.device)
-    used = 0
-    for i, mu in enumerate(mus):
-        last = i == len(mus) - 1
-        stage_tol = tol if last else max(tol, STAGE_TOL)
-        budget = steps - used - (len(mus) - 1 - i)  # passes left for this rung
+    tol = torch.as_tensor(tol, dtype=pb.dtype, device=L.device).expand(L.shape[:-2])
+    mu, used, prev = start, 0, None
+    while True:
         pb.mu2 = mu * mu
         st = pb.state(L)
+        if mu > 0.0 and bool((_smin({**st, "mu2": pb.mu2}) >= JUMP * mu).all()):
+            mu, pb.mu2 = 0.0, 0.0  # smoothing idle here: solve unsmoothed (same eigh)
+            st = pb.state(L)
+        at_floor = 0.0 < mu <= floor * (1.0 + 1e-9)
+        final = mu == 0.0 or (at_floor and not polish)
+        # a rung is followed to ~mu / 10 (at most STAGE_TOL), so the next one starts close
+        # enough to its own optimum (path following); the floor and final rungs to tol
+        stage_tol = tol if final or at_floor else torch.clamp(tol, min=min(STAGE_TOL, 0.1 * mu))
+        mu2 = torch.full(L.shape[:-2], pb.mu2, dtype=pb.dtype, device=L.device)
+        st["mu2"] = mu2
+        best = st
         used += 1
         passes += 1
-        for _ in range(max(0, budget - 1)):
+        stalled, mark, since = False, best["res"].max(), 0
+        while used < steps:
             active = st["res"] >= stage_tol
             if not bool(active.any()):
                 break
             passes += active.long()
             used += 1
-            st = _newton_pass(pb, st, active, cg_iters)
-        L = st["L"]
-    return st, passes
+            st = {**_newton_pass(pb, st, active, cg_iters), "mu2": mu2}
+            best = _pick(st["res"] <= best["res"], st, best)
+            worst = best["res"][best["res"] >= stage_tol]
+            if worst.numel() and float(worst.max()) > 0.9 * float(mark):
+                since += 1  # no 10% progress on the worst open matrix (one sync, as above)
+                if since >= STALL:
+                    stalled = True
+                    break
+            else:
+                mark, since = (worst.max() if worst.numel() else mark), 0
+        if final or used >= steps or stalled:
+            break  # the last rung, no passes left, or a rung the walk cannot follow
+        prev, L = best, best["L"]
+        nxt = 0.0 if at_floor else max(mu / LADDER_RATIO, floor)
+        if nxt > 0.0:
+            # predictor: start the next rung from the path's tangent where that is closer
+            pb.mu2 = nxt * nxt
+            Lp = _predict(pb, {**st, "mu2": mu * mu}, mu, nxt, cg_iters)
+            plain, pred = pb.state(L)["res"], pb.state(Lp)["res"]
+            L = torch.where((pred < plain)[..., None, None], Lp, L)
+        mu = nxt
+    if prev is not None:  # an unfinished (or unsmoothed) last rung does not undo the one before
+        best = _pick((best["res"] <= prev["res"]) | (best["res"] < tol), best, prev)
+    return best, passes

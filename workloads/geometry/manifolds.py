@@ -9,8 +9,6 @@ onto the manifold after a step), ``tangent_project`` and ``violation``. All take
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from workloads.geometry.dgram import (
@@ -20,31 +18,26 @@ from workloads.geometry.dgram import (
     dgram_violation,
     off,
 )
-from workloads.geometry.dual import DualResult, MsignFn, Projector, dual_ascent, identity
+from workloads.geometry.dual import (
+    DEFAULT_DUAL,
+    DualOptions,
+    DualResult,
+    Projector,
+    identity,
+    solve_direction,
+)
 from workloads.geometry.msign import msign
 from workloads.geometry.stiefel import (
     stiefel_retract,
     stiefel_tangent_project,
     stiefel_violation,
 )
-from workloads.geometry.stiefel_step import stiefel_gram_step
 
-StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
+# (W', residual, passes, displacement, multiplier, mu): see Manifold.step
+StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None",
+                   torch.Tensor]
 
-__all__ = ["DualOptions", "Manifold", "MANIFOLDS", "get_manifold"]
-
-
-@dataclass(frozen=True)
-class DualOptions:
-    """The dual ascent's knobs (``optim.manifold.dual_*``); see ``workloads.geometry.dual``."""
-
-    method: str = "newton"
-    steps: int = 20
-    lr: float = 0.1
-    tol: float = 1e-6
-    smooth: float = 1e-3
-    msign_method: str = "polar_express"
-    cg_iters: int = 30
+__all__ = ["DualOptions", "Manifold", "MANIFOLDS", "get_manifold"]  # DualOptions: re-export
 
 
 def _fast_msign(W: torch.Tensor) -> str:
@@ -65,8 +58,8 @@ class Manifold:
     def project(self, W: torch.Tensor) -> torch.Tensor:
         return W
 
-    def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None
-                ) -> torch.Tensor:
+    def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None,
+                mode: str = "fast") -> torch.Tensor:
         return W
 
     def tangent_project(self, W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
@@ -75,33 +68,30 @@ class Manifold:
     def violation(self, W: torch.Tensor) -> torch.Tensor:
         return torch.zeros(W.shape[:-2], dtype=W.dtype, device=W.device)
 
-    def dual_frame(self, W: torch.Tensor) -> torch.Tensor:
-        """The W the dual ascent works with (same tangent space, better scaled)."""
-        return W
-
-    def dualize(self, G: torch.Tensor, W: torch.Tensor, opts: DualOptions = DualOptions(),
-                L0: torch.Tensor | None = None) -> DualResult:
-        """The direction A with ``residual = ||H||_F / n`` and ``passes``; plain msign here.
-        ``L0`` warm-starts the multiplier (a previous ``DualResult.L``)."""
+    def dualize(self, G: torch.Tensor, W: torch.Tensor, opts: DualOptions = DEFAULT_DUAL,
+                L0: torch.Tensor | None = None, mu0: torch.Tensor | None = None) -> DualResult:
+        """The direction A with its true ``residual`` (||P(W^T A + A^T W)||_F / n against this
+        W) and ``passes``, in ``opts.mode``; plain msign here. ``L0`` warm-starts the
+        multiplier (a previous ``DualResult.L``) where the mode does."""
         if self.projector is None:
             zeros = torch.zeros(G.shape[:-2], dtype=G.dtype, device=G.device)
-            return DualResult(msign(G, method=opts.msign_method), zeros, zeros.long())
-        msign_fn: MsignFn = lambda X: msign(X, method=opts.msign_method)  # noqa: E731
-        # The paper's absolute variant keeps its raw W (faithful reproduction).
-        frame = W if opts.method == "absolute" else self.dual_frame(W)
-        return dual_ascent(G, frame, self.projector, opts.method, opts.steps, opts.lr,
-                           opts.tol, msign_fn, opts.cg_iters, opts.smooth, L0)
+            return DualResult(msign(G, method=opts.msign_method), zeros, zeros.long(), None,
+                              zeros)
+        return solve_direction(G, W, self.projector, opts, L0, mu0=mu0)
 
-    def step(self, W: torch.Tensor, G: torch.Tensor, lr: float, opts: DualOptions = DualOptions(),
-             L0: torch.Tensor | None = None, exact: bool = False, retraction: str | None = None
-             ) -> StepResult:
-        """W' = retract(W - lr A) for tall W, G: ``(W', residual, passes, displacement, L)``,
-        displacement = ||W' - W1||_F / ||W1||_F with W1 = W - lr A (docs/science.md §3.5)."""
-        dual = self.dualize(G, W, opts, L0)
-        W1 = W - lr * dual.A
-        W2 = self.retract(W1, exact=exact, retraction=retraction)
+    def step(self, W: torch.Tensor, G: torch.Tensor, lr: float, opts: DualOptions = DEFAULT_DUAL,
+             L0: torch.Tensor | None = None, exact: bool = False, retraction: str | None = None,
+             mu0: torch.Tensor | None = None) -> StepResult:
+        """W' = retract(W - lr A) for tall W, G: ``(W', residual, passes, displacement, L,
+        mu)`` (``DualResult``'s fields), displacement = ||W' - W1||_F / ||W1||_F with
+        W1 = W - lr A (docs/science.md §3.5). The step runs in A's dtype (fp64 in the exact
+        mode: the direction whose residual is reported is the one applied), W' in W's."""
+        dual = self.dualize(G, W, opts, L0, mu0)
+        W1 = W.to(dual.A.dtype) - lr * dual.A
+        W2 = self.retract(W1, exact=exact, retraction=retraction, mode=opts.mode)
         displacement = torch.linalg.matrix_norm(W2 - W1) / torch.linalg.matrix_norm(W1)
-        return W2, dual.residual, dual.passes, displacement, dual.L
+        return W2.to(W.dtype), dual.residual, dual.passes, displacement.to(W.dtype), dual.L, \
+            dual.mu
 
 
 class Stiefel(Manifold):
@@ -115,19 +105,12 @@ class Stiefel(Manifold):
     def project(self, W: torch.Tensor) -> torch.Tensor:
         return stiefel_retract(W, "svd")
 
-    def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None
-                ) -> torch.Tensor:
-        return stiefel_retract(W, "svd" if exact else _fast_msign(W))
-
-    def step(self, W: torch.Tensor, G: torch.Tensor, lr: float, opts: DualOptions = DualOptions(),
-             L0: torch.Tensor | None = None, exact: bool = False, retraction: str | None = None
-             ) -> StepResult:
-        # On CPU (where the retraction is the Gram polar factor anyway) the newton dual and the
-        # retraction share the Gram products: two tall products less (stiefel_step).
-        if opts.method == "newton" and not exact and _fast_msign(W) == "gram":
-            return stiefel_gram_step(W, G, lr, opts.steps, opts.tol, opts.cg_iters, opts.smooth,
-                                     L0)
-        return super().step(W, G, lr, opts, L0, exact, retraction)
+    def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None,
+                mode: str = "fast") -> torch.Tensor:
+        # Paper B retracts with Polar Express msign; the other modes with the exact polar
+        # factor on CPU (the Gram route) and Polar Express on CUDA
+        kind = "svd" if exact else ("msign" if mode == "paper" else _fast_msign(W))
+        return stiefel_retract(W, kind)
 
     def tangent_project(self, W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
         return stiefel_tangent_project(W, Z)
@@ -148,9 +131,10 @@ class DGram(Manifold):
     def project(self, W: torch.Tensor) -> torch.Tensor:
         return dgram_retract(W, "colnorm_polar", "svd")
 
-    def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None
-                ) -> torch.Tensor:
-        fast = "polar_express" if _fast_msign(W) == "msign" else "gram"
+    def retract(self, W: torch.Tensor, exact: bool = False, retraction: str | None = None,
+                mode: str = "fast") -> torch.Tensor:
+        # paper_svd_sorted is Paper B's SVD in every mode; colnorm_polar's msign as Stiefel's
+        fast = "polar_express" if mode == "paper" or _fast_msign(W) == "msign" else "gram"
         return dgram_retract(W, retraction or DGRAM_RETRACTIONS[0], "svd" if exact else fast)
 
     def tangent_project(self, W: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
@@ -158,12 +142,6 @@ class DGram(Manifold):
 
     def violation(self, W: torch.Tensor) -> torch.Tensor:
         return dgram_violation(W)
-
-    def dual_frame(self, W: torch.Tensor) -> torch.Tensor:
-        # Off(D (W~^T A + A^T W~) D) = 0 <=> Off(W~^T A + A^T W~) = 0 for W = W~ D, D diagonal
-        # and positive: the unit-column frame has the same tangent space, and its Gram is ~I,
-        # so the dual is as well scaled as Stiefel's whatever the column norms (which grow).
-        return W / torch.linalg.vector_norm(W, dim=-2, keepdim=True).clamp_min(1e-30)
 
 
 MANIFOLDS: dict[str, Manifold] = {m.name: m for m in (Manifold(), Stiefel(), DGram())}

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from workloads.geometry.dual import dual_ascent
+from workloads.geometry.dual_paper import paper_ascent
 from workloads.geometry.gram_sqrt import inv_sqrt_near
 from workloads.geometry.msign import msign
 
@@ -55,11 +55,12 @@ def gram_dualize(
     tol: float = 1e-6,
     msign_fn: MsignFn = msign,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The paper's dual ascent (absolute step ``lr``) for max <G, A> s.t. ||A||_2 <= 1,
-    P(W^T A + A^T W) = 0; returns ``(A, residual)``. ``workloads.geometry.dual.dual_ascent``
-    has the scale-invariant methods and the pass counts."""
-    r = dual_ascent(G, W, project, "absolute", steps, lr, tol, msign_fn)
-    return r.A, r.residual
+    """The paper's dual ascent (``dual_paper``: absolute step ``lr``, a fresh start) for
+    max <G, A> s.t. ||A||_2 <= 1, P(W^T A + A^T W) = 0; returns ``(A, residual)``.
+    ``workloads.geometry.dual.solve_direction`` has every mode and the pass counts."""
+    _check_tall(W, G)
+    A, res, _, _ = paper_ascent(G, W, project, msign_fn, steps, lr, tol)
+    return A, res
 
 
 def stiefel_dualize(

@@ -56,6 +56,9 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "none": lambda x: x,
     "radial": radial,
     "radial_rms": radial_rms,
+    # zero-mean and odd, per coordinate: breaks the rotation symmetry as ReLU does, without
+    # ReLU's non-negative outputs that lean top vectors to the all-ones direction (§4.5)
+    "tanh": torch.tanh,
 }
 NORMS: dict[str, Callable[[int], nn.Module]] = {
     "none": lambda d: nn.Identity(),
@@ -74,7 +77,8 @@ def activation_gain(activation: str) -> float:
 
     Exact for ReLU (positively homogeneous: E[relu(z)^2] = E[z^2] / 2 at any scale). GELU and
     SiLU are not homogeneous, so no scale-free gain exists; sqrt 2 is the usual He choice. The
-    identity and the radial activations (gate depends on ||x||, not per coordinate) get 1.
+    identity, tanh (slope 1 at 0) and the radial activations (gate depends on ||x||, not per
+    coordinate) get 1.
     """
     return math.sqrt(2.0) if activation in ("relu", "gelu", "silu") else 1.0
 

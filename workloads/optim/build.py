@@ -17,10 +17,11 @@ import torch
 from torch import nn
 
 from workloads.config import ConfigError, OptimConfig
-from workloads.geometry.dual import DUAL_METHODS
+from workloads.geometry.dual import DualOptions
 from workloads.geometry.manifolds import MANIFOLDS, get_manifold
 from workloads.optim.assignment import MUON_ROLES, matrix_kind, resolve_assignment
 from workloads.optim.muon import Muon
+from workloads.validate import check_dual
 
 __all__ = [
     "ManagedMatrix",
@@ -97,9 +98,10 @@ class Optimizers:
         return {name: m.constraint for name, m in self.managed.items()}
 
     def health(self) -> dict[str, dict[str, float]]:
-        """Per manifold matrix (after its first step): last dual residual ||H||_F / n, the
-        dual passes it took, and the retraction displacement ||R(W') - W'||_F / ||W'||_F
-        (docs/science.md §3.5, item 7)."""
+        """Per manifold matrix (after its first step): the true residual ||P(W^T A + A^T W)||_F
+        / n of the last direction applied, the passes its solve took, the smoothing ``dual_mu``
+        of that direction (0: the exact optimum's) and the retraction displacement
+        ||R(W') - W'||_F / ||W'||_F (docs/science.md §3.2, §3.5 item 7)."""
         if self.muon is None:
             return {}
         names, vals = [], []
@@ -110,23 +112,26 @@ class Optimizers:
                     names.append(name)
                     vals.append(torch.stack([st["dual_residual"].double(),
                                              st["retraction_displacement"].double(),
-                                             st["dual_passes"].double()]))
+                                             st["dual_passes"].double(),
+                                             st.get("dual_mu", st["dual_residual"] * 0).double()]))
         if not vals:
             return {}
         rows = torch.stack(vals).float().cpu().tolist()  # one host sync for all matrices
         return {
             n: {"constraint": self.managed[n].constraint if n in self.managed else "",
-                "dual_residual": r[0], "retraction_displacement": r[1], "dual_passes": r[2]}
+                "dual_residual": r[0], "retraction_displacement": r[1], "dual_passes": r[2],
+                "dual_mu": r[3]}
             for n, r in zip(names, rows)
         }
 
     def dual_rows(self, step: int) -> list[dict[str, Any]]:
-        """Tidy rows (docs/contracts.md) ``optim/dual_residual`` and ``optim/dual_passes`` per
-        manifold matrix: module = its role, layer = its layer, next_layer = -1."""
+        """Tidy rows (docs/contracts.md) ``optim/dual_residual``, ``optim/dual_passes`` and
+        ``optim/dual_mu`` per manifold matrix: module = its role, layer = its layer,
+        next_layer = -1."""
         rows: list[dict[str, Any]] = []
         for name, row in self.health().items():
             m = self.managed.get(name)
-            for key in ("dual_residual", "dual_passes"):
+            for key in ("dual_residual", "dual_passes", "dual_mu"):
                 rows.append({"step": step, "metric": f"optim/{key}",
                              "module": m.role if m else name, "layer": m.layer if m else -1,
                              "next_layer": -1, "value": float(row[key])})
@@ -134,11 +139,11 @@ class Optimizers:
 
     def stats(self) -> dict[str, float]:
         """``health()`` flattened for scalar logging (the metrics collector prefixes ``optim/``):
-        ``dual_residual/<name>``, ``dual_passes/<name>``, ``retraction_displacement/<name>`` and
-        their ``_max``."""
+        ``dual_residual/<name>``, ``dual_passes/<name>``, ``dual_mu/<name>``,
+        ``retraction_displacement/<name>`` and their ``_max``."""
         out: dict[str, float] = {}
         for name, row in self.health().items():
-            for key in ("dual_residual", "dual_passes", "retraction_displacement"):
+            for key in ("dual_residual", "dual_passes", "dual_mu", "retraction_displacement"):
                 out[f"{key}/{name}"] = row[key]
                 out[f"{key}_max"] = max(out.get(f"{key}_max", 0.0), row[key])
         return out
@@ -184,14 +189,7 @@ def _managed_groups(model: nn.Module, named: dict[str, nn.Parameter], cfg: Optim
     mu, mf = cfg.muon, cfg.manifold
     managed: dict[str, ManagedMatrix] = {}
     muon_groups: list[dict[str, Any]] = []
-    if mf.dual_steps < 1:
-        raise ConfigError(f"optim.manifold.dual_steps: must be >= 1, got {mf.dual_steps!r}")
-    if mf.dual_method not in DUAL_METHODS:
-        raise ConfigError(f"optim.manifold.dual_method: {mf.dual_method!r} is not one of "
-                          f"{', '.join(DUAL_METHODS)}")
-    if not mf.dual_tol >= 0 or not mf.dual_smooth >= 0:
-        raise ConfigError("optim.manifold.dual_tol / dual_smooth: must be >= 0, got "
-                          f"{mf.dual_tol!r} / {mf.dual_smooth!r}")
+    check_dual(mf)
     trainable_ids = {id(p) for p in named.values()}
     roles = [r for r in model.matrix_roles()
              if r.role in MUON_ROLES and id(r.param) in trainable_ids]
@@ -271,9 +269,11 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
         muon = Muon(
             muon_groups, lr=mu.lr, momentum=mu.momentum, nesterov=mu.nesterov,
             momentum_form=mu.momentum_form, msign=mu.msign, shape_scale=mu.shape_scale,
-            dual_steps=mf.dual_steps, dual_lr=mf.dual_lr, dual_tol=mf.dual_tol,
-            dgram_retraction=mf.dgram_retraction, dual_method=mf.dual_method,
-            dual_smooth=mf.dual_smooth,
+            dgram_retraction=mf.dgram_retraction,
+            # the paper loop's msign is Muon's (NS5 is not a polar factor: Polar Express)
+            dual=DualOptions(mode=mf.dual_mode, steps=mf.dual_steps, tol=mf.dual_tol,
+                             lr=mf.dual_lr, warm_start=mf.dual_warm_start,
+                             msign_method="polar_express" if mu.msign == "ns5" else mu.msign),
         )
     if muon is not None:
         _initial_retraction(muon, cfg)

@@ -14,13 +14,15 @@ per-matrix math, with ~1/B the kernel launches. The pure functions do the math; 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from typing import Any
 
 import torch
 
-from workloads.geometry.manifolds import DualOptions, get_manifold
+from workloads.geometry.dual import DEFAULT_DUAL, DualOptions
+from workloads.geometry.manifolds import get_manifold
 from workloads.geometry.msign import msign
 
 __all__ = ["Muon", "muon_direction", "muon_update", "manifold_muon_step"]
@@ -57,22 +59,20 @@ def manifold_muon_step(
     G: torch.Tensor,
     lr: float,
     constraint: str,
-    dual_steps: int = 20,
-    dual_lr: float = 0.1,
-    dual_tol: float = 1e-6,
-    msign_method: str = "polar_express",
+    dual: DualOptions = DEFAULT_DUAL,
     dgram_retraction: str = "paper_svd_sorted",
-    dual_method: str = "newton",
-    dual_smooth: float = 1e-3,
     warm: dict | None = None,
-    dual_cg_iters: int = 30,
+    exact_retraction: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Manifold Muon step for W, G (..., m, n), any orientation (wide ones go tall inside).
 
     Returns ``(W_new, dual_residual, dual_passes, displacement)``, the last three of shape
-    (...): residual ||H||_F / n of the final dual iterate, the passes it took, and
-    ||R(W') - W'||_F / ||W'||_F. ``warm``, when given, carries the dual multiplier between
-    steps: its ``"lambda"`` (..., n, n) warm-starts the dual and is replaced by the new one.
+    (...): the true residual ||P(W^T A + A^T W)||_F / n of the direction applied (against
+    this W), the passes the solver took, and ||R(W') - W'||_F / ||W'||_F. ``warm``, when given,
+    carries the dual multiplier between steps: its ``"lambda"`` (..., n, n) and ``"mu"`` (...)
+    warm-start the solve (where ``dual``'s mode does) and are replaced by the new ones (``mu``:
+    the smoothing of the direction taken, ``DualResult.mu``).
+    ``exact_retraction``: the exact SVD polar factor (Muon's ``msign: svd``).
     """
     manifold = get_manifold(constraint)
     if not manifold.constrained:
@@ -80,14 +80,12 @@ def manifold_muon_step(
     transposed = W.shape[-2] < W.shape[-1]
     if transposed:
         W, G = W.mT, G.mT
-    opts = DualOptions(dual_method, dual_steps, dual_lr, dual_tol, dual_smooth, msign_method,
-                       dual_cg_iters)
-    # NS5 is not a retraction (its singular values are not 1), so it maps to Polar Express.
-    W2, residual, passes, displacement, L = manifold.step(
-        W, G, lr, opts, None if warm is None else warm.get("lambda"),
-        exact=msign_method == "svd", retraction=dgram_retraction)
+    W2, residual, passes, displacement, L, mu = manifold.step(
+        W, G, lr, dual, None if warm is None else warm.get("lambda"),
+        exact=exact_retraction, retraction=dgram_retraction,
+        mu0=None if warm is None else warm.get("mu"))
     if warm is not None:
-        warm["lambda"] = L
+        warm["lambda"], warm["mu"] = L, mu
     return (W2.mT if transposed else W2), residual, passes, displacement
 
 
@@ -95,7 +93,7 @@ class Muon(torch.optim.Optimizer):
     """Muon / Manifold Muon over 2-d matrices; each group has ``constraint`` and ``names``.
 
     ``self.state[p]`` keeps ``momentum_buffer`` and, for manifold groups, the last
-    ``dual_residual``, ``dual_passes`` and ``retraction_displacement`` (0-d tensors; no host
+    ``dual_residual``, ``dual_passes``, ``dual_mu`` and ``retraction_displacement`` (0-d; no host
     sync per step) and ``dual_lambda``, the multiplier that warm-starts the next step's dual
     (the momentum direction and W change little per step). ``dual_stats()`` reads them back.
     """
@@ -110,20 +108,16 @@ class Muon(torch.optim.Optimizer):
         msign: str = "polar_express",
         weight_decay: float = 0.0,
         shape_scale: bool = False,
-        dual_steps: int = 20,
-        dual_lr: float = 0.1,
-        dual_tol: float = 1e-6,
         dgram_retraction: str = "paper_svd_sorted",
-        dual_method: str = "newton",
-        dual_smooth: float = 1e-3,
-        dual_cg_iters: int = 30,
+        dual: DualOptions = DEFAULT_DUAL,
     ) -> None:
+        # the solver's options as plain group entries (a state_dict must load with
+        # weights_only=True, which refuses a dataclass)
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, momentum_form=momentum_form,
             msign=msign, weight_decay=weight_decay, shape_scale=shape_scale,
-            dual_steps=dual_steps, dual_lr=dual_lr, dual_tol=dual_tol,
-            dgram_retraction=dgram_retraction, dual_method=dual_method, dual_smooth=dual_smooth,
-            dual_cg_iters=dual_cg_iters, constraint="none", names=None,
+            dgram_retraction=dgram_retraction, constraint="none", names=None,
+            **{f"dual_{k}": v for k, v in dataclasses.asdict(dual).items()},
         )
         super().__init__(params, defaults)
         for group in self.param_groups:
@@ -176,11 +170,15 @@ class Muon(torch.optim.Optimizer):
             W = torch.stack([(p.mT if w else p).float() for p, w in zip(ps, wide)])
             D = torch.stack([d.mT if w else d for (_, d), w in zip(items, wide)])
             lams = [self.state[p].get("dual_lambda") for p in ps]
-            warm = {"lambda": torch.stack(lams)} if all(x is not None for x in lams) else {}
+            mus = [self.state[p].get("dual_mu") for p in ps]
+            warm = {}
+            if all(x is not None for x in lams):
+                warm["lambda"] = torch.stack(lams)
+                if all(x is not None for x in mus):
+                    warm["mu"] = torch.stack(mus)
             W_new, residual, passes, displacement = manifold_muon_step(
-                W, D, lr, constraint, group["dual_steps"], group["dual_lr"],
-                group["dual_tol"], group["msign"], group["dgram_retraction"],
-                group["dual_method"], group["dual_smooth"], warm, group["dual_cg_iters"],
+                W, D, lr, constraint, self._dual(group), group["dgram_retraction"], warm,
+                exact_retraction=group["msign"] == "svd",
             )
             for i, p in enumerate(ps):
                 p.copy_((W_new[i].mT if wide[i] else W_new[i]).to(p.dtype))
@@ -188,9 +186,16 @@ class Muon(torch.optim.Optimizer):
                     # in p.dtype: load_state_dict casts float state to it, so a reload resumes
                     # bit-identically
                     self.state[p]["dual_lambda"] = warm["lambda"][i].to(p.dtype)
-                self.state[p]["dual_residual"] = residual[i].detach()
+                self.state[p]["dual_residual"] = residual[i].detach().to(p.dtype)
                 self.state[p]["dual_passes"] = passes[i].detach()
+                self.state[p]["dual_mu"] = warm["mu"][i].detach().to(p.dtype)
                 self.state[p]["retraction_displacement"] = displacement[i].detach()
+
+    @staticmethod
+    def _dual(group: dict) -> DualOptions:
+        """The group's solver options (its ``dual_*`` entries)."""
+        return DualOptions(**{f.name: group[f"dual_{f.name}"]
+                              for f in dataclasses.fields(DualOptions)})
 
     @staticmethod
     def _bucket(p: torch.Tensor, constrained: bool) -> tuple:

@@ -56,9 +56,19 @@ def test_a_trial_specific_tolerance_is_used():
     trials = trials.assign(**{"optim.manifold.dual_tol": [None, 1e-1, None]})
     s = dual_settings("/nonexistent", trials)
     assert s.set_index("trial").loc["t1", "tol"] == 1e-1
-    assert s.set_index("trial").loc["t0", "tol"] == TOL  # the workload default
+    assert s.set_index("trial").loc["t0", "tol"] == 1e-4  # the default mode's (fast)
     tab = dual_table(metrics, trials, s).set_index(["arm", "module"])
     assert tab.loc[("assign=dgram", "o"), "at_tol"] == 1.0
+
+
+def test_a_null_tolerance_is_the_trials_modes_own():
+    _, trials = _data()
+    trials = trials.assign(**{"optim.manifold.dual_mode": ["exact", "paper", "fast"],
+                              "optim.manifold.dual_steps": [None, 7, None]})
+    s = dual_settings("/nonexistent", trials).set_index("trial")
+    assert (s.loc["t0", "tol"], s.loc["t0", "cap"]) == (1e-6, 100.0)
+    assert (s.loc["t1", "tol"], s.loc["t1", "cap"]) == (1e-6, 7.0)
+    assert (s.loc["t2", "tol"], s.loc["t2", "cap"]) == (1e-4, 20.0)
 
 
 def test_no_dual_rows_no_section(tmp_path):
@@ -73,6 +83,7 @@ def test_section_names_every_unconverged_matrix_worst_first(tmp_path):
     # a second arm whose square matrix also missed the tolerance, less often
     metrics = pd.concat([metrics, pd.DataFrame(
         _rows("t0", "o", [1e-7, 2e-7, 3e-3, 1e-7], [3, 3, 20, 3]))], ignore_index=True)
+    trials = trials.assign(**{"optim.manifold.dual_tol": TOL})  # the trials ran at 1e-6
     lines = write_dual(metrics, trials, tmp_path, tmp_path)
     text = "\n".join(lines)
     assert "Not converged everywhere" in text

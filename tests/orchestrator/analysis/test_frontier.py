@@ -53,6 +53,25 @@ def test_family_labels_split_spheret_by_p():
                         "spheret p=2", "spheret p=4", "spheret p=inf"}
 
 
+def test_a_swept_step_init_splits_the_family_and_the_p_curve():
+    """norm_ablation crosses alpha_init with family and lr (issue 30): every init is its own
+    frontier row and its own p-curve, not pooled with the other."""
+    t = _trials()
+    sp = t[t["model.residual.family"] == "spheret"]
+    t2 = pd.concat([t.assign(**{"model.residual.alpha_init": np.where(
+        t["model.residual.family"] == "spheret", 1.0, np.nan)}),
+        sp.assign(**{"model.residual.alpha_init": 0.05,
+                     "final_val_loss": sp["final_val_loss"] + 0.3})], ignore_index=True)
+    lab = set(family_labels(t2))
+    assert {"spheret p=1 alpha_init=1", "spheret p=1 alpha_init=0.05", "pre_ln"} <= lab
+    tab = critical_lr_table(t2).set_index("family")
+    assert tab.loc["spheret p=inf alpha_init=0.05", "critical_lr"] == 3e-2
+    pc = p_curve(t2, 1e-3)
+    assert set(pc["alpha_init"]) == {1.0, 0.05} and len(pc) == 10
+    one = pc[(pc["alpha_init"] == 0.05) & (pc["p"] == 1.0)].iloc[0]
+    assert one["mean"] == pytest.approx(1.9 + 0.3 + 0.02)  # seeds add 0, 0.02, 0.04
+
+
 def test_critical_lr_all_and_majority():
     t = _trials()
     tab = critical_lr_table(t, "all").set_index("family")

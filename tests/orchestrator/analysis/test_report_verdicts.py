@@ -18,7 +18,8 @@ pytestmark = pytest.mark.timeout(180)
 
 SPEC = """name: fr
 claims:
-  - {id: A1, paper: Paper A, text: spheret beats pre_ln at lr 0.01, metric: final_val_loss,
+  - {id: A1, paper: Paper A, source: paper, text: spheret beats pre_ln at lr 0.01,
+     metric: final_val_loss,
      arm: {model.residual.family: spheret, optim.lr: 0.01},
      baseline: {model.residual.family: pre_ln, optim.lr: 0.01},
      direction: lower, effect: 0.05, min_steps: 100, controls: [first_loss], n_classes: 84}
@@ -32,7 +33,9 @@ def _sweep(tmp_path):
         for lr in (1e-3, 1e-2, 1e-1, 1.0):
             for seed in range(3):
                 dead = lr >= dies_at
-                loss = math.nan if dead else (2.5 if fam == "pre_ln" else 2.3) + 0.01 * seed
+                # seed offsets differ between the families: a spread in the paired differences
+                off = 0.01 * (seed if fam == "pre_ln" else (0, 2, 1)[seed])
+                loss = math.nan if dead else (2.5 if fam == "pre_ln" else 2.3) + off
                 rows.append({"trial": f"t{i:03d}", "arm": f"{fam} lr={lr}", "seed": seed,
                              "status": "diverged" if dead else "completed",
                              "final_val_loss": loss, "model.residual.family": fam,
@@ -55,10 +58,14 @@ def test_report_writes_verdicts_and_frontier(tmp_path):
     text = write_report(root, log_mlflow=False).read_text()
     out = root / "report"
     v = pd.read_csv(out / "verdicts.csv")
-    assert v.loc[0, "verdict"] == "agrees", v.loc[0, "reasons"]
-    # s = 0.01 in both arms, n = 3, df = 4: (t_.975 + t_.8) = 2.7764 + 0.9410
-    assert v.loc[0, "diff"] == pytest.approx(-0.2)
-    assert v.loc[0, "mde"] == pytest.approx((2.7764 + 0.9410) * 0.01 * math.sqrt(2 / 3), rel=1e-4)
+    assert v.loc[0, "direction"] == "confirmed", v.loc[0, "reasons"]
+    assert v.loc[0, "size"] == "larger" and v.loc[0, "source"] == "paper"
+    # paired by seed: differences -0.2 + 0.01 x (0, 1, -1), SD 0.01, n = 3, df = 2:
+    # MDE = (t_.975 + t_.8) x 0.01 / sqrt(3) = (4.3027 + 1.0607) x 0.01 / sqrt(3)
+    assert v.loc[0, "design"] == "paired" and v.loc[0, "diff"] == pytest.approx(-0.2)
+    assert v.loc[0, "mde"] == pytest.approx((4.3027 + 1.0607) * 0.01 / math.sqrt(3), rel=1e-4)
+    # "did it train": the corpus of this spec-less folder is unknown, so ln(84) stands in
+    assert v.loc[0, "trained_reference"] == pytest.approx(math.log(84))
     assert v.loc[0, "steps_run"] == 200 and v.loc[0, "first_loss_worst"] == pytest.approx(4.43)
     assert "## Verdicts" in text and "[verdicts.csv](verdicts.csv)" in text
     assert (out / "verdicts.md").read_text().startswith("# Verdicts: fr")

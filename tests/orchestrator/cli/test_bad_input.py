@@ -169,7 +169,7 @@ def warm(tmp_path_factory):
     """Import what the CLI and a full spec validation import, once, so forked cases start warm."""
     import orchestrator.cli
     import workloads.data  # noqa: F401
-    from orchestrator.sweep.spec_yaml import load_spec
+    from orchestrator.spec.yaml_reader import load_spec
 
     orchestrator.cli.build_parser()
     good = tmp_path_factory.mktemp("warm") / "good.yaml"

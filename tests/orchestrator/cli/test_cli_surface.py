@@ -14,8 +14,8 @@ import pytest
 import orchestrator.cli as ocli
 from orchestrator.cli.heartbeat import Heartbeat, StepTracker
 from orchestrator.cli.listing import SECTIONS, listing
-from orchestrator.sweep.spec import SpecError
-from orchestrator.sweep.spec_set import apply_sets, load_spec_with_sets, parse_set
+from orchestrator.spec.sets import apply_sets, load_spec_with_sets, parse_set
+from orchestrator.spec.sweep_spec import SpecError
 from workloads.config import ConfigError, parse_value
 
 
@@ -288,7 +288,7 @@ def test_heartbeat_prints_when_silent_and_tracks_steps():
 # --- dry-run estimate -----------------------------------------------------------------------
 def test_estimate_lines_arithmetic():
     from orchestrator.cli.estimate import TRIAL_OVERHEAD_S, estimate_lines
-    from orchestrator.sweep.spec_yaml import load_spec
+    from orchestrator.spec.yaml_reader import load_spec
 
     spec = load_spec("quickstart")  # 8 trials x 300 steps, ASHA, 2 at a time
     lines = estimate_lines(spec, 8, step_s=0.05)

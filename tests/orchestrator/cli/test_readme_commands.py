@@ -52,6 +52,6 @@ def test_shown_command_parses(argv):
         overrides = {k: parse_value(v) for k, v in (s.split("=", 1) for s in sets)}
         validate(apply_overrides(preset(args.preset), overrides))
     elif sets:
-        from orchestrator.sweep.spec_set import load_spec_with_sets
+        from orchestrator.spec.sets import load_spec_with_sets
 
         load_spec_with_sets(args.spec, sets)

@@ -15,10 +15,10 @@ import pytest
 import torch
 from fake_sweep import TRIALS, FakeSweep, make_sweep
 
+from orchestrator.spec.sweep_spec import SpecError
+from orchestrator.spec.yaml_reader import load_spec
 from orchestrator.store.checkpoints import checkpoint_step, final_checkpoint, trial_checkpoints
 from orchestrator.store.weights import best_record, keep_weights, load_model, model_from_checkpoint
-from orchestrator.sweep.spec import SpecError
-from orchestrator.sweep.spec_yaml import load_spec
 
 torch.set_num_threads(1)
 

@@ -8,15 +8,15 @@ import random
 import optuna
 import pytest
 
+from orchestrator.spec.params import Param
+from orchestrator.spec.yaml_reader import spec_from_dict
 from orchestrator.sweep.also_axis import (
     also_probability,
     axis_bounds,
     axis_decode,
     regular_intervals,
 )
-from orchestrator.sweep.params import Param
 from orchestrator.sweep.space import _ConditionalDraw, define_by_run, flat_from_tune_config
-from orchestrator.sweep.spec_yaml import spec_from_dict
 
 P = {"loguniform": [0.25, 64], "also": ["inf"]}
 

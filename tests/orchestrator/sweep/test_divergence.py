@@ -8,7 +8,8 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules, penalty_value
+from orchestrator.spec.divergence_rules import DivergenceRules
+from orchestrator.sweep.divergence import DivergenceMonitor, penalty_value
 from workloads.report import StepInfo
 
 

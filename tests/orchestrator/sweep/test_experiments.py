@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.spec.sweep_spec import SpecError, SweepSpec
 from orchestrator.sweep.experiments import (
     Extension,
     load_experiment,
     plan_extension,
     save_experiment,
 )
-from orchestrator.sweep.spec import SpecError, SweepSpec
 
 GRID = {"name": "g", "workload": {"preset": "gpt-debug"},
         "space": {"optim.lr": {"grid": [1e-3, 2e-3]}}, "seeds": [0, 1],

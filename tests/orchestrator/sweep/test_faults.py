@@ -247,7 +247,7 @@ def test_worker_sigkill_resumes_from_checkpoint(tmp_path, executor, actor):
     # the uninterrupted reference, one thread like the Ray worker (OMP_NUM_THREADS=1)
     import torch
 
-    from orchestrator.sweep.spec_yaml import load_spec
+    from orchestrator.spec.yaml_reader import load_spec
     from workloads.train import run
 
     torch.set_num_threads(1)

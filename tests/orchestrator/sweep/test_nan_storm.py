@@ -135,8 +135,9 @@ def test_healthy_trials_untouched(storm):
     # Independent reference: the same config trained alone, in this process, without Ray.
     import torch
 
-    from orchestrator.sweep.divergence import DivergenceMonitor, DivergenceRules
-    from orchestrator.sweep.spec_yaml import spec_from_text
+    from orchestrator.spec.divergence_rules import DivergenceRules
+    from orchestrator.spec.yaml_reader import spec_from_text
+    from orchestrator.sweep.divergence import DivergenceMonitor
     from workloads.train import run
 
     torch.set_num_threads(1)

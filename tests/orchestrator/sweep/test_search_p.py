@@ -18,7 +18,9 @@ import yaml
 from scipy import stats as st
 
 from orchestrator.analysis.stats import t_interval
-from orchestrator.sweep.divergence import DivergenceRules, penalty_value
+from orchestrator.spec.divergence_rules import DivergenceRules
+from orchestrator.spec.yaml_reader import load_spec, spec_from_dict
+from orchestrator.sweep.divergence import penalty_value
 from orchestrator.sweep.search_p import (
     LR_KEY,
     P_KEY,
@@ -36,7 +38,6 @@ from orchestrator.sweep.search_p import (
     summarize,
 )
 from orchestrator.sweep.space import _sampler, define_by_run
-from orchestrator.sweep.spec_yaml import load_spec, spec_from_dict
 
 optuna = pytest.importorskip("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -12,6 +12,7 @@ import numpy as np
 import optuna
 import pytest
 
+from orchestrator.spec.yaml_reader import spec_from_dict
 from orchestrator.sweep.space import (
     AXIS,
     PREFIX,
@@ -25,7 +26,6 @@ from orchestrator.sweep.space import (
     grid_trials,
     optuna_param_name,
 )
-from orchestrator.sweep.spec_yaml import spec_from_dict
 
 pytestmark = pytest.mark.timeout(120)
 optuna.logging.set_verbosity(optuna.logging.WARNING)

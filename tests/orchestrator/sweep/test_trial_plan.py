@@ -4,9 +4,9 @@ the driver): the same config and arm label the spec gives, without rebuilding th
 import json
 import math
 
-from orchestrator.sweep.params import arm_label
+from orchestrator.spec.params import arm_label
+from orchestrator.spec.yaml_reader import spec_from_dict
 from orchestrator.sweep.space import grid_trials
-from orchestrator.sweep.spec_yaml import spec_from_dict
 from workloads.config import apply_overrides, from_dict, to_dict
 
 SPEC = {

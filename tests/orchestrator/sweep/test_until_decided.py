@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.analysis.decide import Decision
+from orchestrator.spec.sweep_spec import SpecError, SweepSpec
 from orchestrator.sweep import until_decided as U
 from orchestrator.sweep.experiments import Extension, plan_extension
-from orchestrator.sweep.spec import SpecError, SweepSpec
 
 GRID = {"name": "g", "workload": {"preset": "gpt-debug"},
         "space": {"optim.lr": {"grid": [1e-3, 2e-3, 3e-3]}}, "seeds": [0, 1],

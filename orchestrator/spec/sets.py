@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from orchestrator.sweep.spec import SpecError
+from orchestrator.spec.sweep_spec import SpecError
 
 __all__ = ["DOTTED_MAPS", "parse_set", "apply_sets", "load_spec_with_sets"]
 
@@ -87,7 +87,7 @@ def apply_sets(data: Any, items: list[str]) -> dict:
 
 def load_spec_with_sets(ref: str, items: list[str] | None):
     """``load_spec(ref)`` with ``--set`` items applied before validation."""
-    from orchestrator.sweep.spec_yaml import load_spec_data, spec_from_dict
+    from orchestrator.spec.yaml_reader import load_spec_data, spec_from_dict
 
     data = load_spec_data(ref)
     return spec_from_dict(apply_sets(data, items or []))

@@ -6,15 +6,15 @@ import pandas as pd
 import pytest
 
 from orchestrator.analysis.verdicts import _select
-from orchestrator.sweep.spec import SpecError
-from orchestrator.sweep.spec_yaml import load_spec, spec_from_dict
+from orchestrator.spec.sweep_spec import SpecError
+from orchestrator.spec.yaml_reader import load_spec, spec_from_dict
 from search_spaces import list_specs
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _spec(**claim) -> dict:
-    c = {"id": "x", "paper": "P", "text": "t", "metric": "final_val_loss",
+    c = {"id": "x", "paper": "P", "source": "paper", "text": "t", "metric": "final_val_loss",
          "arm": {"optim.lr": 0.01}, "baseline": {"optim.lr": 0.001}, "direction": "lower",
          "effect": 0.1}
     c.update(claim)
@@ -35,11 +35,28 @@ def test_a_valid_claim_loads():
     ({"controls": ["first_loss"]}, "needs n_classes"),
     ({"controls": ["vibes"]}, "controls"),
     ({"metric": "cont/resid_ctop1_mean", "controls": ["ones"]}, "drop the 'ones' control"),
+    ({"source": "ours"}, "claims.source: Input should be 'paper' or 'proxy', got 'ours'"),
+    ({"source": "proxy"}, "claims[0]: x: a proxy claim needs a reason"),
+    ({"metric": "diverged", "controls": ["ones"]}, "drop small_gap / ones"),
 ])
 def test_bad_claims_give_one_line(claim, msg):
     with pytest.raises(SpecError) as e:
         spec_from_dict(_spec(**claim))
     assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_shipped_claim_says_whose_it_is():
+    """Issue 30: a paper claim is on the paper's metric and arms; a proxy says why it exists."""
+    n = 0
+    for name in list_specs():
+        for c in load_spec(name).claims:
+            assert c.source in ("paper", "proxy"), (name, c.id)
+            if c.source == "proxy":
+                assert c.reason and len(c.reason) > 20, (name, c.id)
+            if "ctop1" in c.metric or "radial_rms" in str(c.baseline) + str(c.arm):
+                assert c.source == "proxy", (name, c.id)  # our metric or our arm
+            n += 1
+    assert n >= 20
 
 
 def test_duplicate_claim_ids():

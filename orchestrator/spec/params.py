@@ -1,6 +1,6 @@
 """One parameter of a sweep's space (``Param``), its values, and the exact expansion of a space.
 
-Shared by the spec (``orchestrator/sweep/spec.py`` validates every combination) and the search
+Shared by the spec (``orchestrator/spec/sweep_spec.py`` validates every combination) and the search
 (``orchestrator/sweep/space.py`` builds Tune/Optuna spaces), so neither imports the other.
 ``P_KEY`` is the one place that names the retraction exponent p: the key that may be ``inf``,
 that the Tune callback tags and the analysis and search-p plot on a log axis.

@@ -1,7 +1,7 @@
 """The sweep spec's simple sections (workload, search, scheduler, budget, resources, tracking).
 
-Split out of orchestrator/sweep/spec.py to keep files small; ``SweepSpec`` there composes them
-and re-exports every name, so ``from orchestrator.sweep.spec import Budget`` still works.
+Split out of orchestrator/spec/sweep_spec.py to keep files small; ``SweepSpec`` there composes them
+and re-exports every name, so ``from orchestrator.spec.sweep_spec import Budget`` still works.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from orchestrator.sweep.params import strict
+from orchestrator.spec.params import strict
 from workloads.config import PRESETS
 
 __all__ = ["Workload", "Search", "Scheduler", "Budget", "Resources", "Tracking"]

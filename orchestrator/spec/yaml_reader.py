@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.sweep.spec import SpecError, SweepSpec
+from orchestrator.spec.sweep_spec import SpecError, SweepSpec
 
 __all__ = ["load_spec", "load_spec_data", "spec_from_dict", "spec_from_text", "data_from_text",
            "format_validation_error",

@@ -2,7 +2,7 @@
 
 Every error a user can make becomes ONE line naming the dotted field and what would be valid,
 raised as ``SpecError``: pydantic's ``ValidationError`` is reduced to its first error
-(``format_validation_error`` in orchestrator/sweep/spec_yaml.py, which also reads the YAML),
+(``format_validation_error`` in orchestrator/spec/yaml_reader.py, which also reads the YAML),
 and the cross-field rules (algorithm vs. parameter kinds, ASHA vs. budget, space values vs.
 the workload config) raise lines of the same shape.
 
@@ -25,11 +25,11 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.sweep.claims import Claim
-from orchestrator.sweep.divergence import DivergenceRules
-from orchestrator.sweep.params import P_KEY, Param, arm_label, expand, fmt, ident, strict
-from orchestrator.sweep.spec_parts import Budget, Resources, Scheduler, Search, Tracking, Workload
-from orchestrator.sweep.spec_report import AutoSeeds, ReportSpec
+from orchestrator.spec.claims import Claim
+from orchestrator.spec.divergence_rules import DivergenceRules
+from orchestrator.spec.params import P_KEY, Param, arm_label, expand, fmt, ident, strict
+from orchestrator.spec.report_seeds import AutoSeeds, ReportSpec
+from orchestrator.spec.sections import Budget, Resources, Scheduler, Search, Tracking, Workload
 from workloads.config import (
     ConfigError,
     WorkloadConfig,
@@ -75,7 +75,7 @@ class SweepSpec(BaseModel):
     budget: Budget = Field(default_factory=Budget)
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field(default_factory=Tracking)
-    # the papers' claims this sweep can test (orchestrator/sweep/claims.py); `geosweep report`
+    # the papers' claims this sweep can test (orchestrator/spec/claims.py); `geosweep report`
     # gives each a verdict by orchestrator/analysis/verdicts.py
     claims: list[Claim] = Field(default_factory=list)
     report: ReportSpec = Field(default_factory=ReportSpec)
@@ -85,7 +85,7 @@ class SweepSpec(BaseModel):
     @classmethod
     def _auto_seeds(cls, d: Any) -> Any:
         # seeds: {auto: true, min, max, effect}: start with min seeds, the budget is kept in
-        # seed_budget (orchestrator/sweep/spec_report.py); to_yaml writes both, so it round-trips
+        # seed_budget (orchestrator/spec/report_seeds.py); to_yaml writes both, so it round-trips
         if isinstance(d, dict) and isinstance(d.get("seeds"), dict):
             d = dict(d)
             try:

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.sweep.spec import SpecError, SweepSpec
-from orchestrator.sweep.spec_yaml import MAX_SPEC_BYTES, load_spec, spec_from_dict, spec_from_text
+from orchestrator.spec.sweep_spec import SpecError, SweepSpec
+from orchestrator.spec.yaml_reader import MAX_SPEC_BYTES, load_spec, spec_from_dict, spec_from_text
 from search_spaces import list_specs, spec_path
 from workloads.optim import STRATEGIES
 from workloads.residual import RESIDUALS
@@ -19,7 +19,7 @@ from workloads.residual import RESIDUALS
 pytestmark = pytest.mark.timeout(120)
 
 SHIPPED = ["continuity_llama", "continuity_mlp", "continuity_mlp_c2", "continuity_mlp_core",
-           "manifold_assignment", "manifold_assignment_b1", "manifold_assignment_gpt2",
+           "gpu_smoke", "manifold_assignment", "manifold_assignment_b1", "manifold_assignment_gpt2",
            "norm_ablation", "quickstart", "spheret_p_search"]
 
 
@@ -257,8 +257,12 @@ def test_norm_ablation_is_a_stability_frontier():
     cfg = s.base_config()
     assert cfg.model.n_layer >= 6 and cfg.optim.weight_decay == 0.0  # wd not coupled to lr
     assert cfg.train.steps == 1000 and s.divergence.patience == 50
+    # the sphere families' step init crossed in (issue 30): the value used so far and nGPT's
+    a0 = s.space["model.residual.alpha_init"]
+    assert a0.grid == [1.0, 0.05] and a0.when == {"model.residual.family": ["spheret", "geonorm"]}
     trials = grid_trials(s)
-    assert len(trials) == count_trials(s) == (6 + 5) * len(lrs) * 3 == 231
+    # 5 plain families + GeoNorm and SpheretNorm x 5 p at 2 inits, x lrs x 3 seeds
+    assert len(trials) == count_trials(s) == (5 + 2 * (1 + 5)) * len(lrs) * 3 == 357
     assert {t["train.seed"] for t in trials} == {0, 1, 2}
 
 
@@ -270,20 +274,22 @@ def test_manifold_assignment_and_continuity_counts():
     assert set(s.space["optim.manifold.assignment"].grid) == set(STRATEGIES)
     assert len(grid_trials(s)) == 5 * 5
     mf = s.base_config().optim.manifold
-    assert (mf.dual_steps, mf.dual_tol, mf.init_match) == (20, 1e-6, True)
+    assert (mf.dual_mode, mf.dual_steps, mf.dual_tol, mf.init_match) == ("fast", 20, None, True)
     assert s.base_config().train.steps == 2000
 
     s = load_spec("continuity_mlp")
     labels = {s.arm_label(t) for t in grid_trials(s)}
     res = "model.skip=true,model.activation="
-    assert len(labels) == 15 and {
+    relu = f"{res}relu,model.init_scale=1,optim.name=adamw,optim.beta2=0.999"
+    assert len(labels) == 17 and {
         "model.skip=false",  # NoRes with the preset's ReLU
-        f"{res}radial", f"{res}radial_rms",
-        f"{res}relu,model.init_scale=1,optim.name=adamw,optim.beta2=0.999",
+        f"{res}radial", f"{res}radial_rms", f"{res}tanh",
+        f"{relu},model.norm=none", f"{relu},model.norm=layernorm",  # Paper C's norm arm
+        f"{res}none,model.init_scale=1,optim.name=adamw,optim.beta2=0.999",
         f"{res}none,model.init_scale=0.25",
         f"{res}none,model.init_scale=1,optim.name=adamw,optim.beta2=0,optim.beta1=0",
         f"{res}relu,model.init_scale=1,optim.name=sgd,optim.lr=0.01"} <= labels
-    assert len(grid_trials(s)) == 15 * 3
+    assert len(grid_trials(s)) == 17 * 3
     cfg = s.base_config()
     assert (cfg.train.steps, cfg.train.epochs, cfg.train.metrics_every) == (4690, 10, 50)
     assert (cfg.model.width, cfg.model.depth, cfg.metrics.grad_probes) == (256, 16, 4)
@@ -343,7 +349,7 @@ def test_continuity_mlp_core_is_the_claim_subset_of_continuity_mlp():
     from orchestrator.sweep.space import grid_trials
 
     trials = pd.DataFrame(grid_trials(core))
-    assert len(trials) == 4 * len(core.seeds if isinstance(core.seeds, list) else range(3))
+    assert len(trials) == 7 * len(core.seeds)  # the seven arms the claims compare
     for claim in core.claims:
         for side in (claim.arm, claim.baseline):
             assert _matches(trials, side).any(), (claim.id, side)
