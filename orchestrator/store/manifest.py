@@ -22,6 +22,7 @@ from orchestrator.store.targets import (
     FolderError,
     check_entries,
     check_inside,
+    check_named_inside,
     check_tree,
     check_utf8_path,
     resolve_local,
@@ -191,6 +192,8 @@ def sweep_targets(root: str | os.PathLike, deep: bool = False) -> SweepTargets:
     check_entries(root)
     manifest = read_manifest(root)
     store = manifest.get("mlflow_uri") or f"{SQLITE}{root / 'mlflow.db'}"
+    for key, value in (("mlflow_uri", str(store)), ("parquet_root", manifest["parquet_root"])):
+        check_named_inside(root, value, key)  # no symlink on the way out
     t = SweepTargets(root, str(manifest["name"]), manifest, str(store),
                      str(manifest["parquet_root"]))
     if deep:

@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 __all__ = ["FolderError", "check_utf8_path", "check_inside", "check_entries", "check_tree",
-           "resolve_local", "FOLDER_ENTRIES", "SQLITE"]
+           "resolve_local", "check_named_inside", "FOLDER_ENTRIES", "SQLITE"]
 
 SQLITE = "sqlite:///"
 # what a sweep folder holds (orchestrator/store/layout.py) and its writers write
@@ -121,8 +121,9 @@ def check_tree(root: str | os.PathLike, sub: str) -> None:
 
 def resolve_local(root: Path, value: str, sqlite: bool, what: str) -> str:
     """A sweep.json value (MLflow URI or Parquet root) as an absolute URI or path: a relative
-    local path is taken from ``root`` and must stay inside it; an absolute one inside the folder
-    by name must not leave it through a symlink; URIs and absolute places outside are kept."""
+    local path is taken from ``root`` and must stay inside it by name; URIs and absolute
+    places are kept. Symlinks on the way are the writers' check (``manifest.sweep_targets``):
+    a reader (``status``) may follow a folder the user linked to a bigger disk."""
     prefix = SQLITE if sqlite and value.startswith(SQLITE) else ""
     rest = value[len(prefix):]
     scheme = urlsplit(rest).scheme if not prefix else ""
@@ -134,14 +135,25 @@ def resolve_local(root: Path, value: str, sqlite: bool, what: str) -> str:
     if not rest:
         return value
     root = Path(root).absolute()
+    check_utf8_path(rest, f"sweep.json {what}")
     p = Path(rest)
-    if not p.is_absolute():
-        # relative to the folder (never the current directory) and inside it
-        return prefix + str(check_inside(
-            root, rest, f"sweep.json {what}", outside_hint="; a relative path in a sweep "
-            "folder's files is the folder's (name a place outside by its absolute path)"))
-    check_utf8_path(p, f"sweep.json {what}")
-    norm = Path(os.path.normpath(p))
+    if p.is_absolute():
+        return value  # as recorded when the sweep ran (inside or outside the folder)
+    norm = Path(os.path.normpath(root / p))
+    if norm != root and root not in norm.parents:  # relative: the folder's, and inside it
+        raise FolderError(f"sweep.json {what}: {rest} is outside the sweep folder {root}; a "
+                          "relative path in a sweep folder's files is the folder's (name a "
+                          "place outside by its absolute path)")
+    return prefix + str(norm)
+
+
+def check_named_inside(root: Path, value: str, what: str) -> None:
+    """A resolved target (``resolve_local``'s result) that lies inside the folder by name does
+    not leave it through a symlink on its way (the writers' check)."""
+    rest = value.removeprefix(SQLITE).removeprefix("file://")
+    if "://" in rest or not Path(rest).is_absolute():
+        return
+    root = Path(root).absolute()
+    norm = Path(os.path.normpath(rest))
     if norm == root or root in norm.parents:
-        return prefix + str(check_inside(root, norm, f"sweep.json {what}"))
-    return value  # an absolute place outside the folder, as recorded when the sweep ran
+        check_inside(root, norm, f"sweep.json {what}")

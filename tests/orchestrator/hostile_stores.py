@@ -58,6 +58,10 @@ def _escape_cases() -> list[Case]:
         out.append(Case("escape", f"{cmd}-path-through-linked-folder", argv, 2,
                         r"symlink to .*outside the sweep folder",
                         setup=lambda t: _fake(t, lambda r: _through_link(r, t))))
+    # a reader may follow a folder the user linked elsewhere (a bigger disk); writers may not
+    out.append(Case("escape", "status-reads-a-symlinked-parquet", ["status", "{fake}"], 0,
+                    r"3 trials planned, 3 recorded",
+                    setup=lambda t: _fake(t, lambda r: _link(r, "parquet", t))))
     # deeper than the folder's own entries: where each writer writes
     out += [
         Case("escape", "eval-symlinked-parquet-eval", _EVAL, 2,
