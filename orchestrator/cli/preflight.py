@@ -22,7 +22,6 @@ MLFLOW_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", 
                   "databricks")
 # pyarrow filesystems (pyarrow.fs.FileSystem.from_uri)
 PARQUET_SCHEMES = ("", "file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "az")
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:
