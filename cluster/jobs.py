@@ -13,7 +13,8 @@ The job's entrypoint is the same ``run`` command a laptop uses (``geosweep run S
 Token auth (on by default in Ray 2.60): the token comes from ``RAY_AUTH_TOKEN``, the file named
 by ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token`` and is sent as an ``Authorization: Bearer``
 header. It is never printed, logged, put into the runtime_env or the entrypoint, and it is
-redacted from every error message and log text this module hands back.
+redacted (with the userinfo of an address like ``http://user:pw@head:8265``) from every error
+message and log text this module hands back.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cluster.redact import ray_auth_token
+from cluster.redact import redact as _redact
 
 __all__ = [
     "JobsError", "Submission", "EXCLUDES", "STAGED_SPEC_DIR", "TERMINAL", "auth_token",
@@ -51,7 +55,10 @@ JOB_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
 
 
 class JobsError(Exception):
-    """A one-line user-facing error (bad address, unknown job, refused token)."""
+    """A one-line user-facing error (bad address, unknown job, refused token), redacted."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_redact(message))
 
 
 # --- token ----------------------------------------------------------------------------------
@@ -59,17 +66,7 @@ class JobsError(Exception):
 
 def auth_token() -> str | None:
     """Ray's auth token, looked up the way Ray looks it up; None when there is none."""
-    tok = os.environ.get("RAY_AUTH_TOKEN", "").strip()
-    if tok:
-        return tok
-    candidates = [os.environ.get("RAY_AUTH_TOKEN_PATH", ""), "~/.ray/auth_token"]
-    for c in candidates:
-        p = Path(c).expanduser() if c else None
-        if p is not None and p.is_file():
-            tok = p.read_text().strip()
-            if tok:
-                return tok
-    return None
+    return ray_auth_token()
 
 
 def auth_headers() -> dict[str, str]:
@@ -78,9 +75,9 @@ def auth_headers() -> dict[str, str]:
 
 
 def redact(text: str) -> str:
-    """``text`` with the auth token (if any) replaced by ``***``."""
-    tok = auth_token()
-    return text.replace(tok, "***") if tok and tok in text else text
+    """``text`` without secrets: the auth token, URL userinfo, credential query parameters
+    and Authorization headers (cluster/redact.py, the one redaction geosweep uses)."""
+    return _redact(text)
 
 
 # --- what is shipped ------------------------------------------------------------------------

@@ -385,7 +385,7 @@ def parse_value(text: str) -> Any:
     try:
         return yaml.load(text, Loader=NumberLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
-        why = getattr(e, "problem", None) or e
+        why = str(getattr(e, "problem", None) or e).strip().splitlines()[0]  # one line
         raise ConfigError(f"cannot parse value {text!r}: {why}") from None
 
 

@@ -315,10 +315,22 @@ class LayerReader:
 
     def __init__(self, source: SafetensorsSource | StateSource, arch: Architecture, prefix: str):
         self.source, self.arch, self.prefix = source, arch, prefix
+        self.shapes: dict[str, tuple[int, tuple[int, ...]]] = {}  # role -> (layer, its shape)
 
     def load(self, role: str, layer: int) -> torch.Tensor:
         f = self.arch.roles[role]
-        W = self.source.get(f.template.format(p=self.prefix, i=layer))
+        name = f.template.format(p=self.prefix, i=layer)
+        W = self.source.get(name)
+        # continuity compares one role's matrices layer to layer: each is 2-D, all of one
+        # shape (a 1-D or odd-shaped tensor failed deep in the metrics with a traceback)
+        if W.dim() != 2:
+            raise CheckpointError(f"CHECKPOINT: {name} has shape {tuple(W.shape)}; role {role} "
+                                  "needs a matrix (2-D weight) in every layer")
+        first = self.shapes.setdefault(role, (layer, tuple(W.shape)))
+        if tuple(W.shape) != first[1]:
+            raise CheckpointError(f"CHECKPOINT: {name} has shape {tuple(W.shape)} but layer "
+                                  f"{first[0]}'s {role} has {first[1]}; continuity compares "
+                                  "same-shaped matrices of adjacent layers")
         if f.transpose:
             W = W.T
         if f.chunk is not None:

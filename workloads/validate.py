@@ -84,6 +84,10 @@ def _check_numbers(cfg: WorkloadConfig, flat: dict[str, Any]) -> None:
         # counts: a typo'd 1e30 steps would start Ray and train forever (int64 columns too)
         if key not in _REALS and flat[key] > _MAX_COUNT:
             raise ConfigError(f"{key}: at most {_MAX_COUNT:.0e}, got {flat[key]!r}")
+    seed = cfg.train.seed
+    # numpy's and torch's seeders take [0, 2**32): a larger one failed inside the loop
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ConfigError(f"train.seed: must be an integer in [0, 2**32), got {seed!r}")
     dev = cfg.train.device
     if not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
         raise ConfigError(f"train.device: {dev!r} is not one of auto, cpu, cuda, cuda:N")

@@ -56,6 +56,7 @@ def write_report(root: str | Path, baseline: str | None = None,
 
     from orchestrator.store.manifest import ManifestError, check_writes_inside
     from orchestrator.store.runs import log_report
+    from orchestrator.store.staging import staged_folder, write_text_atomic
 
     cfg = config or ReportConfig()
     if metric:
@@ -68,14 +69,26 @@ def write_report(root: str | Path, baseline: str | None = None,
         data.trials = with_metric(data, cfg.metric)  # validates --metric before any write
         named = _named_baseline(data.root)
         arms = arm_table(data, baseline, cfg, named)  # validates the baseline before a write
-    out = data.root / "report"
+    final = data.root / "report"
     try:
-        check_writes_inside(data.root, out)
+        check_writes_inside(data.root, final)
     except ManifestError as e:
         raise ReportError(str(e)) from None
-    out.mkdir(exist_ok=True)
-    for old in out.glob("*.png"):  # figures of an earlier report that may not apply any more
-        old.unlink()
+    # every output is written into a fresh folder beside report/, which then replaces it
+    # whole: a failure half-way (a bug, a full disk, Ctrl-C) leaves the last report as it was
+    with staged_folder(final) as out:
+        lines = _write_outputs(data, cfg, arms, named, baseline, out)
+    md = final / "report.md"
+    if log_mlflow:
+        with stage("mlflow logging"):
+            note = log_report(data.manifest.get("mlflow_uri"), data.name, final, data.root)
+        write_text_atomic(md, "\n".join(lines + ["## MLflow", "", f"- {note}", ""]))
+    return md
+
+
+def _write_outputs(data: SweepData, cfg: ReportConfig, arms: pd.DataFrame, named,
+                   baseline: str | None, out: Path) -> list[str]:
+    """Every table, figure and the markdown into ``out``; the markdown's lines."""
     base = str(arms.loc[arms["baseline"], "arm"].iloc[0])
     with stage("trials table + csv"):
         trials, lead = _trial_table(data, cfg)
@@ -108,13 +121,8 @@ def write_report(root: str | Path, baseline: str | None = None,
         lines += ["## Trials", "", _md_table(trials[lead]), ""]
         if skipped:
             lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]
-        md = out / "report.md"
-        md.write_text("\n".join(lines))
-    if log_mlflow:
-        with stage("mlflow logging"):
-            note = log_report(data.manifest.get("mlflow_uri"), data.name, out)
-        md.write_text("\n".join(lines + ["## MLflow", "", f"- {note}", ""]))
-    return md
+        (out / "report.md").write_text("\n".join(lines))
+    return lines
 
 
 def _warm_imports():

@@ -13,7 +13,7 @@ import sys
 
 from orchestrator.cli.errors import Parser, UsageError
 
-__all__ = ["main", "entry", "build_parser", "COMMANDS", "UsageError"]
+__all__ = ["main", "entry", "build_parser", "COMMANDS", "UsageError", "say_error", "check_argv"]
 
 # command -> the module that adds it (``add(subparsers)``) and runs it. Imported only when the
 # parser is built; each module imports its heavy dependencies inside its command function.
@@ -54,18 +54,43 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every error is one redacted line on stderr (``say_error``)."""
+    from cluster.redact import RedactingStream
     from orchestrator.cli.failures import CURRENT
 
     CURRENT.update(sweep=None, writing=None)  # main() may run many times in one process
+    # every line the command prints (its own, its libraries', its logging) goes through the
+    # one redaction (cluster/redact.py): no password of a URL or token reaches the terminal
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing left to say on it
+                pass
+        sys.stdout, sys.stderr = streams
+
+
+def say_error(message: object) -> None:
+    """``geosweep: error: MESSAGE`` as one line (a message of several lines is joined)."""
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    print(f"geosweep: error: {text}", file=sys.stderr)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
+        check_argv(sys.argv[1:] if argv is None else argv)
         try:
             args = parser.parse_args(argv)
         except SystemExit as e:  # --help / --version
             return int(e.code or 0)
         return args.fn(args)
     except UsageError as e:
-        print(f"geosweep: error: {e}", file=sys.stderr)
+        say_error(e)
         return 2
     except KeyboardInterrupt:
         print("geosweep: interrupted", file=sys.stderr)
@@ -76,9 +101,24 @@ def main(argv: list[str] | None = None) -> int:
         known = one_line(e)
         if known is None:
             raise
-        print(f"geosweep: error: {known[1]}", file=sys.stderr)
+        say_error(known[1])
         return known[0]
 
+
+def check_argv(argv: list[str]) -> None:
+    """An argument that is not valid UTF-8 (a byte the shell passed through as a surrogate)
+    is refused here, naming it: specs, values, paths and the Parquet/MLflow stores all are
+    UTF-8 text, and the libraries below fail on it with tracebacks or many lines."""
+    for i, a in enumerate(argv):
+        try:
+            a.encode("utf-8")
+        except UnicodeEncodeError as e:
+            flag = next((p for p in reversed(argv[:i]) if p.startswith("--")), None)
+            bad = a.encode("utf-8", "surrogateescape")[e.start:e.start + 1]
+            what = f"{flag} value" if flag and i and argv[i - 1] == flag else "argument"
+            shown = a.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise UsageError(f"{what} '{shown}' is not valid UTF-8 (byte 0x{bad.hex()} at "
+                             f"{e.start}); use UTF-8 text") from None
 
 
 # Commands whose process ends right after the sweep or the report: nothing is left to clean

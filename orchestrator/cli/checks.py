@@ -14,7 +14,7 @@ from orchestrator.cli.errors import UsageError
 
 __all__ = ["DEFAULT_OUT", "load_cli_spec", "check_out_dir", "check_corpora",
            "check_spec_corpora", "check_mlflow_uri", "check_address", "prepare_sweep_folder",
-           "sweep_dir"]
+           "sweep_dir", "utf8_path"]
 
 DEFAULT_OUT = "geosweep-runs"
 
@@ -39,8 +39,20 @@ def load_cli_spec(ref: str, args: argparse.Namespace | None = None):
         raise UsageError(str(e)) from None
 
 
+def utf8_path(path: str | os.PathLike, what: str) -> None:
+    """A path that is not valid UTF-8 is one line (targets.check_utf8_path), not a pyarrow or
+    sqlite traceback later."""
+    from orchestrator.store.targets import FolderError, check_utf8_path
+
+    try:
+        check_utf8_path(path, what)
+    except FolderError as e:
+        raise UsageError(str(e)) from None
+
+
 def check_out_dir(out: str) -> Path:
     p = Path(out).expanduser().resolve()
+    utf8_path(p, "--out")
     probe = p
     while not probe.exists():
         probe = probe.parent
@@ -77,15 +89,15 @@ def check_spec_corpora(spec) -> None:
 
 
 def check_mlflow_uri(uri: str | None) -> None:
+    """A server URI answers ``/health`` (with basic auth when it carries userinfo); every
+    other store is checked by ``preflight.check_mlflow_store``."""
     if not uri or not uri.startswith(("http://", "https://")):
         return
-    import urllib.error
-    import urllib.request
+    from orchestrator.store.mlflow_store import probe_server
 
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=3).read()
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise UsageError(f"--mlflow-uri: MLflow server {uri} is unreachable ({e})") from None
+    found = probe_server(uri)
+    if found is not None:
+        raise UsageError(f"--mlflow-uri: {found}")
 
 
 def check_address(address: str | None) -> None:
@@ -154,6 +166,7 @@ def prepare_sweep_folder(target: Path, resume: bool, overwrite: bool) -> None:
 
 def sweep_dir(ref: str) -> Path:
     p = Path(ref).expanduser().resolve()
+    utf8_path(p, "sweep folder")
     if not (p / "sweep.json").exists():
         raise UsageError(f"{ref}: not a geosweep sweep folder (no sweep.json)")
     return p

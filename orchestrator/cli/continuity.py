@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from orchestrator.cli.errors import UsageError
@@ -18,14 +19,20 @@ def cmd_continuity(args: argparse.Namespace) -> int:
 
     # where it writes, before the checkpoint is read: a dead MLflow server would otherwise
     # be retried for minutes after the analysis, an unknown scheme end in a traceback
-    from orchestrator.cli.checks import check_mlflow_uri
     from orchestrator.cli.heartbeat import Heartbeat
     from orchestrator.cli.preflight import check_mlflow_store, check_writable_dir
     from workloads.pretrained import CheckpointError
 
     check_writable_dir(args.out, "--out")
-    check_mlflow_store(args.mlflow_uri)
-    check_mlflow_uri(args.mlflow_uri)
+    check_mlflow_store(args.mlflow_uri)  # every store problem (store/mlflow_store.py) first
+    if args.mlflow_uri is None:  # the default store in --out: its own, and usable
+        from orchestrator.store.targets import FolderError, check_entries
+
+        try:
+            check_entries(args.out, ("mlflow.db", "mlartifacts"))
+        except FolderError as e:
+            raise UsageError(str(e)) from None
+        check_mlflow_store(f"sqlite:///{os.path.abspath(args.out)}/mlflow.db", flag="--out")
     from orchestrator.cli.failures import CURRENT
 
     CURRENT["writing"] = args.out

@@ -38,9 +38,12 @@ def _oserror(e: OSError) -> tuple[int, str] | None:
 def one_line(e: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for a failure we understand, or None (let it raise)."""
     from orchestrator.store.lock import SweepLocked
-    from orchestrator.store.manifest import ManifestError
+    from orchestrator.store.mlflow_store import StoreError
+    from orchestrator.store.targets import FolderError
 
-    if isinstance(e, (SweepLocked, ManifestError)):
+    if isinstance(e, (SweepLocked, FolderError, StoreError)):  # ManifestError is a FolderError
+        return 2, str(e)
+    if type(e).__name__ == "PartError":  # store/parquet.py (not imported: pyarrow is heavy)
         return 2, str(e)
     name = type(e).__name__
     mod = type(e).__module__ or ""

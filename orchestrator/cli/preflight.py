@@ -22,13 +22,15 @@ MLFLOW_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", 
                   "databricks")
 # pyarrow filesystems (pyarrow.fs.FileSystem.from_uri)
 PARQUET_SCHEMES = ("", "file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "az")
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:
     """``path`` is (or can be created as) a folder we can write: the nearest existing parent
     is really written to (os.access says yes to root everywhere)."""
+    from orchestrator.cli.checks import utf8_path
+
     p = Path(path).expanduser()
+    utf8_path(p.absolute(), what)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{what}: {path} exists and is not a folder")
     probe = p.resolve()
@@ -42,36 +44,42 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
         raise UsageError(f"{what}: {path} is not writable ({e.strerror})") from None
 
 
-def check_mlflow_store(uri: str | None) -> None:
-    """An MLflow URI's scheme is one we know, and a local store can be written."""
-    _check_mlflow(uri)
+def check_mlflow_store(uri: str | None, flag: str = "--mlflow-uri") -> None:
+    """An MLflow URI's scheme is one we know, and the store it names can be used: a local
+    one written, a server reached (store/mlflow_store.py classifies every store problem)."""
+    _check_mlflow(uri, flag=flag)
 
 
-def _check_mlflow(uri: str | None, root: Path | None = None) -> None:
+def _check_mlflow(uri: str | None, root: Path | None = None, flag: str = "--mlflow-uri") -> None:
+    from orchestrator.store.mlflow_store import probe
+    from orchestrator.store.targets import FolderError, check_utf8_path
+
     if not uri:
         return
     scheme = urlparse(uri).scheme
     if len(scheme) == 1:  # a Windows drive letter is a path
         scheme = ""
     if scheme not in MLFLOW_SCHEMES:
-        raise UsageError(f"--mlflow-uri: unknown scheme {scheme!r} in {uri!r}; use a folder, "
-                         "sqlite:///FILE, file:///FOLDER or http(s)://SERVER")
+        raise UsageError(f"{flag}: unknown scheme {scheme!r} in {uri!r}; use sqlite:///FILE.db "
+                         "or http(s)://SERVER")
+    try:
+        check_utf8_path(uri, flag)
+    except FolderError as e:
+        raise UsageError(str(e)) from None
     if scheme == "sqlite":
         path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
         if not path or path == ":memory:":
-            raise UsageError(f"--mlflow-uri: {uri!r} names no database file "
+            raise UsageError(f"{flag}: {uri!r} names no database file "
                              "(sqlite:///relative.db or sqlite:////absolute.db)")
-        f = Path(path)
-        if f.exists():
-            if f.is_dir():
-                raise UsageError(f"--mlflow-uri: {f} is a folder, not an SQLite file")
-            with open(f, "rb") as h:
-                head = h.read(16)
-            if head and head != _SQLITE_MAGIC:
-                raise UsageError(f"--mlflow-uri: {f} is not an SQLite database")
-        check_writable_dir(f.parent if str(f.parent) else ".", "--mlflow-uri")
-    elif scheme in ("", "file"):
-        check_writable_dir(urlparse(uri).path if scheme else uri, "--mlflow-uri")
+    # a foreign or other-schema database, a folder, a dead server, a folder store: one line
+    found = probe(uri, pages=True, create=True)
+    if found is not None:
+        raise UsageError(f"{flag}: {found}" if flag else str(found))
+    if scheme == "sqlite":
+        f = Path(uri[len("sqlite:///"):])
+        check_writable_dir(f.parent if str(f.parent) else ".", flag or "mlflow.db")
+    elif scheme in ("", "file"):  # MLFLOW_ALLOW_FILE_STORE=true: a folder store
+        check_writable_dir(urlparse(uri).path if scheme else uri, flag)
 
 
 def _check_parquet(root_uri: str | None) -> None:
@@ -88,8 +96,12 @@ def _check_parquet(root_uri: str | None) -> None:
 
 
 def check_tracking(spec: Any, root: Path) -> None:
-    """The spec's MLflow URI, Parquet root and token cache, before Ray starts."""
-    _check_mlflow(spec.tracking.mlflow_uri, root)
+    """The spec's MLflow store (or the folder's own ``mlflow.db``), Parquet root and token
+    cache, before Ray starts: the spec's own fields, checked before the Ray address."""
+    if spec.tracking.mlflow_uri:
+        _check_mlflow(spec.tracking.mlflow_uri, root)
+    elif (Path(root) / "mlflow.db").exists() or (Path(root) / "mlflow.db").is_symlink():
+        _check_mlflow(f"sqlite:///{Path(root) / 'mlflow.db'}", root, flag="")
     _check_parquet(spec.tracking.parquet_root)
     check_cache_dir(spec.base_config())
 

@@ -14,6 +14,13 @@ from orchestrator.cli.errors import UsageError
 def cmd_report(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
     from orchestrator.cli.failures import CURRENT
+    from orchestrator.store.manifest import sweep_targets
+    from orchestrator.store.targets import FolderError
+
+    try:  # every place report writes, inside the folder (report/, the store's artifacts)
+        sweep_targets(root)
+    except FolderError as e:
+        raise UsageError(str(e)) from None
 
     CURRENT["writing"] = root / "report"
     from orchestrator.analysis import timing

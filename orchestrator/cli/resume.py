@@ -22,15 +22,21 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise UsageError("--more-seeds, --num-samples and --until-decided: give one of them "
                          "per resume")
     from orchestrator.cli.preflight import check_local_resources, check_tracking
+    from orchestrator.cli.resume_checks import (
+        check_resume_checkpoints,
+        folder_targets,
+        home_artifacts,
+        spec_with_folder_tracking,
+    )
     from orchestrator.store.lock import lock_sweep
-    from orchestrator.store.manifest import read_manifest
 
     for flag, cap in (("more_seeds", 10_000), ("num_samples", 100_000)):
         n = getattr(args, flag)
         if n is not None and n > cap:
             raise UsageError(f"--{flag.replace('_', '-')} must be <= {cap}, got {n}")
     root = sweep_dir(args.dir)
-    manifest = read_manifest(root)
+    targets = folder_targets(root)  # every place it writes, inside the folder (store/targets)
+    manifest = targets.manifest
     if not (root / "spec.yaml").is_file():
         raise UsageError(f"{root}: no spec.yaml; this sweep folder is incomplete")
     spec = load_cli_spec(str(root / "spec.yaml"))
@@ -38,10 +44,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if spec.name != root.name or manifest["name"] != root.name:
         raise UsageError(f"{root}: its sweep is named {spec.name!r} but the folder is "
                          f"{root.name!r}; rename the folder back to {spec.name!r} to resume it")
-    check_tracking(spec, root)
+    spec = spec_with_folder_tracking(spec, targets)  # sweep.json's places, not cwd-relative
+    check_tracking(spec, root)  # the spec's own fields before the Ray address
     check_address(args.address)
     check_local_resources(spec, args.address)
     lock_sweep(root)
+    check_resume_checkpoints(targets)
+    home_artifacts(targets, spec)
     if args.until_decided:
         return run_until_decided(root, spec, args.address, execute)
     ext = Extension(more_seeds=args.more_seeds or 0, num_samples=args.num_samples or 0)

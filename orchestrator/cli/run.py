@@ -10,7 +10,6 @@ from pathlib import Path
 from orchestrator.cli.checks import (
     DEFAULT_OUT,
     check_address,
-    check_mlflow_uri,
     check_out_dir,
     check_spec_corpora,
     load_cli_spec,
@@ -18,6 +17,11 @@ from orchestrator.cli.checks import (
 )
 from orchestrator.cli.errors import UsageError
 from orchestrator.cli.preflight import check_local_resources, check_tracking
+from orchestrator.cli.resume_checks import (
+    check_resume_checkpoints,
+    folder_targets,
+    home_artifacts,
+)
 from orchestrator.cli.sets import add_spec_set_argument
 
 
@@ -29,11 +33,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(spec)
     out = check_out_dir(args.out)
-    check_mlflow_uri(spec.tracking.mlflow_uri)
+    root = out / spec.name
+    resuming = args.resume and (root / "sweep.json").is_file()
+    targets = folder_targets(root) if resuming else None  # where a resume writes: inside
+    check_tracking(spec, root)  # the spec's own fields (stores, folders) before the address
     check_address(args.address)
     check_local_resources(spec, args.address)
-    check_tracking(spec, out / spec.name)
-    prepare_sweep_folder(out / spec.name, resume=args.resume, overwrite=args.overwrite)
+    prepare_sweep_folder(root, resume=args.resume, overwrite=args.overwrite)
+    if targets is not None:
+        check_resume_checkpoints(targets)
+        home_artifacts(targets, spec)
     rc = execute(spec, out, args.address, resume=args.resume)
     if rc == 0 and spec.seed_budget is not None:  # seeds: auto: race until decided
         from orchestrator.cli.decided import run_until_decided

@@ -68,9 +68,16 @@ def cmd_search_p(args: argparse.Namespace) -> int:
     except (SpecError, SearchPError) as e:
         raise UsageError(str(e)) from None
     out = check_out_dir(args.out)
+    root = sweep_paths(spec, out).root
+    if args.resume and (root / "sweep.json").is_file():
+        from orchestrator.cli.resume_checks import folder_targets
+
+        folder_targets(root)  # where a resumed search writes: inside its folder
+    from orchestrator.cli.preflight import check_tracking
+
+    check_tracking(spec, root)  # the spec's own stores and folders before the Ray address
     check_address(args.address)
-    prepare_sweep_folder(sweep_paths(spec, out).root, resume=args.resume,
-                         overwrite=args.overwrite)
+    prepare_sweep_folder(root, resume=args.resume, overwrite=args.overwrite)
     try:
         res = search_p(spec, out, address=args.address, top_k=args.top_k,
                        confirm_seeds=args.confirm_seeds, sampler=args.sampler,
@@ -83,18 +90,11 @@ def cmd_search_p(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m orchestrator.cli.search_p ...``: ``geosweep search-p ...`` (the same one
+    redacted error line)."""
+    from orchestrator.cli import main as geosweep_main
 
-    parser = argparse.ArgumentParser(prog="geosweep")
-    add_search_p_command(parser.add_subparsers(dest="command", required=True))
-    try:
-        args = parser.parse_args(["search-p", *(sys.argv[1:] if argv is None else argv)])
-    except SystemExit as e:
-        return int(e.code or 0)
-    try:
-        return args.fn(args)
-    except UsageError as e:
-        print(f"geosweep: error: {e}", file=sys.stderr)
-        return 2
+    return geosweep_main(["search-p", *(sys.argv[1:] if argv is None else argv)])
 
 
 add = add_search_p_command  # the name orchestrator.cli.COMMANDS calls

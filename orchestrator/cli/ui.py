@@ -92,38 +92,40 @@ def _kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         time.sleep(0.5)
 
 
-def _check_sqlite(uri: str) -> None:
-    """A truncated or foreign sqlite store is one line, not the server's 60-line traceback."""
-    if not uri.startswith("sqlite:///"):
-        return
-    import sqlite3
-    from pathlib import Path
+def _check_store(uri: str) -> None:
+    """The store classified before the server opens it (store/mlflow_store.py): a folder, a
+    foreign or corrupt database, a locked one is one line, where the server retried forever,
+    migrated a foreign database or printed a 60-line traceback. A missing store is said."""
+    from orchestrator.store.mlflow_store import probe
 
-    path = Path(uri[len("sqlite:///"):])
-    if not path.is_file():
-        return  # MLflow creates an empty store; the UI then shows no runs
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as c:
-            ok = c.execute("PRAGMA quick_check(1)").fetchone()  # pages only: fast
-    except sqlite3.Error as e:
-        ok = (str(e),)
-    if not ok or ok[0] != "ok":
-        raise UsageError(f"{path}: the MLflow store is unreadable ({ok[0] if ok else '?'}); "
-                         "restore it from a copy of the sweep")
+    found = probe(uri, pages=True)
+    if found is None:
+        return
+    if found.kind != "missing":
+        raise UsageError(f"{found}")
+    from orchestrator.store.mlflow_template import seed_sqlite_store
+
+    seed_sqlite_store(uri[len("sqlite:///"):])
+    print(f"[geosweep] {uri[len('sqlite:///'):]} did not exist: the UI shows a new, empty "
+          "store", flush=True)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
-    from orchestrator.store.manifest import read_manifest
+    from orchestrator.store.manifest import sweep_targets
+    from orchestrator.store.targets import FolderError
 
-    manifest = read_manifest(root)
-    uri = manifest.get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}"
+    try:  # the server writes its store: it must be the folder's (store/targets.py)
+        targets = sweep_targets(root)
+    except FolderError as e:
+        raise UsageError(str(e)) from None
+    manifest, uri = targets.manifest, targets.store_uri
     if uri.startswith("http"):
         print(f"this sweep logs to the MLflow server {uri}: open it in a browser")
         return 0
-    _check_sqlite(uri)
     host = check_host(args.host)
     port = _choose_port(host, args.port)
+    _check_store(uri)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
            "--host", host, "--port", str(port), "--workers", "1"]
     if host not in ("127.0.0.1", "localhost"):

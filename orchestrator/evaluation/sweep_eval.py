@@ -33,13 +33,18 @@ DEFAULT_MAX_BATCHES = 50
 
 
 def _sweep(root: Path) -> tuple[dict, str, str]:
-    from orchestrator.store.manifest import ManifestError, read_manifest
+    """sweep.json, the name and the Parquet root, every place eval writes checked to be
+    inside the folder (orchestrator/store/targets.py: a symlinked mlflow.db or parquet/, a
+    relative parquet_root that leads out)."""
+    from orchestrator.store.manifest import sweep_targets
+    from orchestrator.store.targets import FolderError
 
     try:
-        manifest = read_manifest(root)
-    except ManifestError as e:
+        t = sweep_targets(root)
+        t.parquet_target("eval", f"sweep={t.name}")
+    except FolderError as e:
         raise EvalInputError(str(e)) from None
-    return manifest, str(manifest["name"]), str(manifest["parquet_root"])
+    return t.manifest, t.name, t.parquet_root
 
 
 def _hub_corpora(explicit: list[str], no_hub: bool, printer) -> list[str]:
@@ -144,12 +149,6 @@ def _inputs(sweep_dir: str | Path, trials: list[str] | None, corpora: list[str] 
 
     root = Path(sweep_dir).expanduser().resolve()
     manifest, name, proot = _sweep(root)
-    from orchestrator.store.manifest import ManifestError, check_writes_inside
-
-    try:
-        check_writes_inside(root, proot, " (or name that place as parquet_root in sweep.json)")
-    except ManifestError as e:
-        raise EvalInputError(str(e)) from None
     table = read_trials(proot, sweep=name)
     if table.empty:
         raise EvalInputError(f"{root}: no trial records for sweep {name!r} in {proot}")

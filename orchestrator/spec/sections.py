@@ -34,11 +34,11 @@ class Search(BaseModel):
     model_config = strict()
 
     algorithm: Literal["grid", "random", "optuna-tpe", "optuna-gp"] = "grid"
-    num_samples: int = Field(1, ge=1)
+    num_samples: int = Field(1, ge=1, le=100_000)  # as --num-samples and a grid's trials
     max_concurrent: int = Field(1, ge=1)
     metric: str = Field("val/loss", min_length=1)
     mode: Literal["min", "max"] = "min"
-    seed: int = Field(0, ge=0)  # the sampler's seed (random draws, TPE/GP), not the trial seed
+    seed: int = Field(0, ge=0, lt=2**32)  # the sampler's seed (random, TPE/GP), not a trial's
 
 
 class Scheduler(BaseModel):

@@ -18,10 +18,13 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["trial_checkpoints", "final_checkpoint", "checkpoint_step"]
+__all__ = ["trial_checkpoints", "final_checkpoint", "checkpoint_step", "checkpoints_by_trial"]
 
 _STEP = re.compile(r"^step-(\d{8})$")
 _EXPERIMENT = re.compile(r"^tune(-\d+)?$")  # the first Tune experiment and its extensions
+# a Tune trial id (``a1b2c_00000``) in its trial dir's name, and a Train run's folder
+_TUNE_DIR = re.compile(r"(?:^|_)([0-9a-z]{5}_\d{5})_\d+(?:_|$)")
+_TRAIN_DIR = re.compile(r"^train-(.+)$")
 
 
 def checkpoint_step(path: str | os.PathLike) -> int:
@@ -66,3 +69,26 @@ def final_checkpoint(sweep_dir: str | os.PathLike, trial_id: str) -> Path | None
     """The trial's checkpoint with the highest step, or None when it saved none."""
     found = trial_checkpoints(sweep_dir, trial_id)
     return found[-1] if found else None
+
+
+def checkpoints_by_trial(sweep_dir: str | os.PathLike) -> dict[str, list[Path]]:
+    """``{trial id: [state.pt, ...]}`` of every training checkpoint in the sweep folder (both
+    executors, every experiment), for the checks a resume makes before Ray starts."""
+    ray = Path(sweep_dir) / "ray"
+    out: dict[str, list[Path]] = {}
+    if not ray.is_dir():
+        return out
+    dirs: list[tuple[str, Path]] = []
+    for tune in sorted(ray.glob("tune*")):
+        if tune.is_dir() and _EXPERIMENT.match(tune.name):
+            dirs += [(m.group(1), d) for d in sorted(tune.iterdir())
+                     if d.is_dir() and (m := _TUNE_DIR.search(d.name))]
+    train = ray / "train"
+    if train.is_dir():
+        dirs += [(m.group(1), d) for d in sorted(train.iterdir())
+                 if d.is_dir() and (m := _TRAIN_DIR.match(d.name))]
+    for tid, d in dirs:
+        for f in sorted(d.glob("checkpoint_*/step-*/state.pt")):
+            if _STEP.match(f.parent.name):
+                out.setdefault(tid, []).append(f)
+    return out

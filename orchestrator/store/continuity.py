@@ -30,15 +30,20 @@ def log_continuity(uri: str | None, out: Path, analysis, table: pd.DataFrame,
                    artifacts: list[Path], run_name: str) -> tuple[str, str]:
     """One MLflow run in experiment ``continuity``: params, per-role top-1 metrics, artifacts.
     ``uri`` None: the default store under ``out``. Returns (tracking uri, run id)."""
-    from mlflow import MlflowClient
-
+    from orchestrator.store.mlflow_store import open_client
 
     default_uri, artifact_location = default_tracking(str(out))
     if uri is None:
         uri = default_uri
     else:
         artifact_location = None  # a given store keeps its own artifact root
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri, create=True)  # classified first: never a foreign file changed
+    if uri == default_uri:  # the store in --out keeps its artifacts in --out
+        from orchestrator.store.artifact_home import relocate
+
+        line = relocate(out, uri[len("sqlite:///"):], EXPERIMENT)
+        if line:
+            print(line, flush=True)
     exp = client.get_experiment_by_name(EXPERIMENT)
     exp_id = exp.experiment_id if exp else client.create_experiment(
         EXPERIMENT, artifact_location=artifact_location)

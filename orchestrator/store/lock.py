@@ -8,6 +8,7 @@ time, only for the message a second driver prints.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -35,7 +36,13 @@ def lock_sweep(root: str | os.PathLike) -> Path:
     if str(root) in _HELD:
         return root
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a symlink: a planted .lock -> ~/.bashrc would be truncated
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise SweepLocked(f"{root / LOCK_FILE} is a symlink; a sweep folder's lock is a "
+                          "plain file: remove the link") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

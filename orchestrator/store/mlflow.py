@@ -25,11 +25,11 @@ import re
 import time
 from typing import Any
 
-from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from cluster.redact import redact
 from orchestrator.store.mlflow_names import mlflow_key
-from orchestrator.store.mlflow_template import seed_sqlite_store
+from orchestrator.store.mlflow_store import open_client
 from orchestrator.store.run_names import END_STATUS, EXPERIMENT_KIND, TAG
 
 __all__ = ["MlflowSink", "default_tracking", "flatten_params", "TAG"]
@@ -90,11 +90,12 @@ class MlflowSink:
     ) -> None:
         if tracking_uri.startswith("sqlite:///"):
             db = tracking_uri[len("sqlite:///") :]
-            seed_sqlite_store(db)  # a new store: a copy of the migrated empty one
             if artifact_location is None:  # next to the database, not ./mlruns of the cwd
                 artifact_location = os.path.join(os.path.dirname(os.path.abspath(db)),
                                                  "mlartifacts")
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        # classified first (store/mlflow_store.py): a foreign or other-schema sqlite file is
+        # refused, never migrated; a new one is a copy of the migrated empty template
+        self.client = open_client(tracking_uri, create=True)
         self.sweep = sweep
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -136,8 +137,11 @@ class MlflowSink:
             if isinstance(v, dict):
                 tags.update({f"{TAG}{k}.{kk}": vv for kk, vv in v.items()})
         self._log_batch(run_id, params=params, tags=tags)
-        self.client.log_text(run_id, spec_yaml, "spec.yaml")
-        self.client.log_dict(run_id, provenance, "provenance.json")
+        # what the store's readers see holds no secret (cluster/redact.py): a password in
+        # tracking.mlflow_uri stays in the sweep folder's own spec.yaml only
+        self.client.log_text(run_id, redact(spec_yaml), "spec.yaml")
+        self.client.log_text(run_id, redact(json.dumps(provenance, indent=2, default=str)),
+                             "provenance.json")
         return run_id
 
     def start_child(self, trial_id: str, params: dict, tags: dict | None = None,
@@ -292,8 +296,8 @@ class MlflowSink:
             have = self._param_keys[run_id] = set(self.client.get_run(run_id).data.params)
         # params are immutable in MLflow: on a resumed run log only the new ones
         flat = {k: v for k, v in flatten_params(params or {}).items() if k not in (have or ())}
-        ps = [Param(k, v) for k, v in flat.items()]
-        ts = [RunTag(_key(k), _text(v)[:_MAX_TAG_LEN]) for k, v in (tags or {}).items()
+        ps = [Param(k, redact(v)) for k, v in flat.items()]
+        ts = [RunTag(_key(k), redact(_text(v))[:_MAX_TAG_LEN]) for k, v in (tags or {}).items()
               if v is not None]
         ms = list(metrics)
         while ms or ps or ts:

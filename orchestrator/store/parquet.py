@@ -44,6 +44,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from orchestrator.store.part_types import PartError, conform, mismatch, raise_bad_part
+
 __all__ = [
     "ParquetSink",
     "CURVE_SCHEMA",
@@ -54,6 +56,7 @@ __all__ = [
     "read_trials",
     "read_trial_records",
     "resolve_root",
+    "PartError",
 ]
 
 CURVE_SCHEMA = pa.schema(
@@ -372,9 +375,26 @@ def _read(root: str, kind: str, sweep: str | None, schema: pa.Schema | None,
             break
         except (OSError, pa.ArrowInvalid):
             if attempt == _SCAN_TRIES - 1:
+                _bad_part(root, kind)
                 raise
             time.sleep(_SCAN_BACKOFF_S * 2 ** attempt)
+        except pa.ArrowException:  # a type no cast reaches (a list where a number goes)
+            _bad_part(root, kind)
+            raise
+    want = schema or TRIAL_SCHEMA
+    if mismatch(table.schema, want):  # the first part's types (the categorical read)
+        try:  # numbers written as text read as numbers, as a scan under the schema does
+            table = conform(table, want)
+        except pa.ArrowException:
+            _bad_part(root, kind)
+            raise
     return table.to_pandas(strings_to_categorical=categorical)
+
+
+def _bad_part(root: str, kind: str) -> None:
+    """PartError naming the first part of ``kind`` of the wrong column types, if there is one."""
+    fs, base = resolve_root(root)
+    raise_bad_part(fs, f"{base}/{kind}", kind, _KINDS.get(kind, TRIAL_SCHEMA))
 
 
 def read_curves(root: str, sweep: str | None = None, *, metric: str | None = None,

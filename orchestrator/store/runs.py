@@ -27,34 +27,23 @@ def sweep_tracking_uri(sweep_dir: str | Path) -> str:
 
 
 def store_problem(uri: str) -> str | None:
-    """Why the store cannot be used, or None (checked first: MlflowClient creates an empty
-    sqlite file for a missing one and retries for minutes against a dead server)."""
-    if uri.startswith(("http://", "https://")):
-        import urllib.error
-        import urllib.request
+    """Why the store cannot be used, or None (store/mlflow_store.py classifies it before
+    anything opens it: MlflowClient creates tables in a foreign sqlite file, and retries for
+    minutes on a folder, an unreadable file or a dead server)."""
+    from orchestrator.store.mlflow_store import probe
 
-        try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=3).read()
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            return f"MLflow server {uri} unreachable ({e})"
-    elif uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        return f"MLflow store {uri} does not exist"
-    return None
+    found = probe(uri)
+    return found.message if found else None
 
 
 def store_broken(uri: str, e: BaseException) -> str | None:
-    """Why ``e`` (raised by an MLflow call on ``uri``) says the store itself is unreadable (a
-    truncated or corrupt sqlite file), or None for any other failure (a bug: let it raise)."""
-    seen: BaseException | None = e
-    for _ in range(5):  # MlflowException wraps SQLAlchemy's error, which wraps sqlite3's
-        if seen is None:
-            break
-        text = str(seen).splitlines()[0] if str(seen) else type(seen).__name__
-        if "DatabaseError" in type(seen).__name__ or "malformed" in text \
-                or "not a database" in text:
-            return f"MLflow store {uri} is unreadable ({text[:120]}); restore it from a copy"
-        seen = seen.__cause__ or seen.__context__
-    return None
+    """Why ``e`` (raised by an MLflow call on ``uri``) says the store itself is unusable (a
+    corrupt, locked or foreign sqlite file...), or None for any other failure (a bug: let it
+    raise)."""
+    from orchestrator.store.mlflow_store import classify_error
+
+    found = classify_error(uri, e)
+    return f"{found.message}" if found else None
 
 
 def trial_runs(client: Any, sweep: str, experiment: str | None = None) -> dict[str, str]:
@@ -76,16 +65,17 @@ def trial_runs(client: Any, sweep: str, experiment: str | None = None) -> dict[s
 def view_experiment(uri: str, sweep: str) -> str | None:
     """The id of the experiment holding the sweep's shared view (store/summary.py), or None
     (no such store or view: a sweep that ended before the summary was written)."""
-    if store_problem(uri):
-        return None
-    from mlflow import MlflowClient
-
     from orchestrator.store.mlflow_names import VIEW_TAG_PREFIX, view_key
+    from orchestrator.store.mlflow_store import StoreError, open_client
 
     tag = VIEW_TAG_PREFIX + view_key(sweep)
     try:
-        exps = MlflowClient(tracking_uri=uri).search_experiments()
-    except Exception:  # noqa: BLE001 - a broken store: the plain UI link still works
+        exps = open_client(uri).search_experiments()
+    except StoreError:
+        return None
+    except Exception as e:  # a store that breaks while read: the plain UI link still works
+        if store_broken(uri, e) is None:
+            raise
         return None
     return next((e.experiment_id for e in exps if tag in e.tags), None)
 
@@ -93,18 +83,17 @@ def view_experiment(uri: str, sweep: str) -> str | None:
 def sweep_runs(root: Path, manifest: dict[str, Any], name: str, experiment: str | None = None,
                printer=print) -> tuple[Any, dict[str, str]]:
     """(an MlflowClient on the sweep's store, trial id -> child run id), or (None, {}) with a
-    printed reason when the store cannot be used."""
-    uri = str(manifest.get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}")
-    why = store_problem(uri)
-    if why:
-        printer(f"[geosweep] not logging to MLflow: {why}")
-        return None, {}
-    from mlflow import MlflowClient
+    printed reason when the store cannot be used (decided before anything is written)."""
+    from orchestrator.store.mlflow_store import StoreError, open_client
 
-    try:  # the client opens (and migrates) the store: a corrupt one fails here already
-        client = MlflowClient(tracking_uri=uri)
+    uri = str(manifest.get("mlflow_uri") or f"sqlite:///{root / 'mlflow.db'}")
+    try:
+        client = open_client(uri)
         return client, trial_runs(client, name, experiment)
-    except Exception as e:  # a corrupt store: the Parquet rows are written all the same
+    except StoreError as e:
+        printer(f"[geosweep] not logging to MLflow: {e}")
+        return None, {}
+    except Exception as e:  # a store that fails when read: the Parquet rows are written
         why = store_broken(uri, e)
         if why is None:
             raise
@@ -112,25 +101,32 @@ def sweep_runs(root: Path, manifest: dict[str, Any], name: str, experiment: str 
         return None, {}
 
 
-def log_report(uri: str | None, sweep: str, folder: Path) -> str:
-    """Log ``folder`` as artifacts ``report/`` of the sweep's parent run; one-line outcome."""
+def log_report(uri: str | None, sweep: str, folder: Path, root: Path | None = None) -> str:
+    """Log ``folder`` as artifacts ``report/`` of the sweep's parent run; one-line outcome.
+    ``root``: the sweep folder; a store inside it keeps its artifacts inside it
+    (store/artifact_home.py: a moved folder's locations are pointed back in first)."""
+    from orchestrator.store.artifact_home import relocate, store_in_folder
+    from orchestrator.store.mlflow_store import StoreError, open_client
+    from orchestrator.store.targets import FolderError
+
     if not uri:
         return "not logged: the sweep has no mlflow_uri"
-    why = store_problem(str(uri))
-    if why:
-        return f"not logged: {why}"
-    from mlflow.tracking import MlflowClient
-
+    db = store_in_folder(str(uri), root) if root is not None else None
     try:
-        return _log_report(MlflowClient(tracking_uri=str(uri)), str(uri), sweep, folder)
-    except Exception as e:  # a corrupt store: the report is written; say so, do not fail
+        client = open_client(str(uri))
+        moved = relocate(root, db, sweep) if db is not None and root is not None else None
+        note = _log_report(client, str(uri), sweep, folder, root if db is not None else None)
+        return f"{note} ({moved.removeprefix('[geosweep] ')})" if moved else note
+    except (StoreError, FolderError) as e:
+        return f"not logged: {e}"
+    except Exception as e:  # a store that fails: the report is written; say so, do not fail
         why = store_broken(str(uri), e)
         if why is None:
             raise
         return f"not logged: {why}"
 
 
-def _log_report(client: Any, uri: str, sweep: str, folder: Path) -> str:
+def _log_report(client: Any, uri: str, sweep: str, folder: Path, root: Path | None) -> str:
     query = f"tags.`geosweep.sweep` = '{sweep}'"
     exp = client.get_experiment_by_name(sweep)
     ids = [exp.experiment_id] if exp else []
@@ -143,5 +139,15 @@ def _log_report(client: Any, uri: str, sweep: str, folder: Path) -> str:
     if not parents:
         return (f"not logged: no parent run tagged geosweep.sweep={sweep!r} in {uri}")
     run = max(parents, key=lambda r: r.info.start_time or 0)
-    client.log_artifacts(run.info.run_id, str(folder), artifact_path="report")
+    if root is not None:
+        from orchestrator.store.artifact_home import outside_artifacts
+
+        why = outside_artifacts(root, run.info.artifact_uri)
+        if why:
+            return f"not logged: {why}"
+    # the repository of the location just checked, not MLflow's per-process cache of the run's
+    # repository (a location read before the folder's store was pointed back into it)
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    get_artifact_repository(run.info.artifact_uri).log_artifacts(str(folder), "report")
     return f"tables and figures logged to MLflow run {run.info.run_id} (artifacts report/)"

@@ -266,6 +266,10 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
         from orchestrator.sweep.moved_modules import alias_moved_modules
 
         alias_moved_modules()  # a sweep pickled before orchestrator/spec/ existed
+        from orchestrator.sweep.moved_storage import rehome_search_state
+
+        # a moved or copied folder: the trials the searcher starts now go to this folder too
+        rehome_search_state(tune_dir, paths.ray_storage, exp.name)
         tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable,
                                    resume_unfinished=True, restart_errored=True,
                                    param_space=param_space)

@@ -69,9 +69,20 @@ def test_start_submit_quickstart_wait_stop(tmp_path: Path):
         tmps = (state / "ray_tmp").read_text().split()
         assert len(tmps) == 2 and tmps[0] != tmps[1]
         assert f"using {Path(sys.executable).parent / 'ray'}" in started.stdout
-        rows = _ray_sockets(state)
-        assert len({pid for pid, comm, _, _ in rows if comm == "raylet"}) == 2, describe(rows)
-        assert {ray_port, dash, client, agent1, agent2} <= {p for *_, p in rows}, describe(rows)
+        # `start` returns once both nodes say "Ray runtime started"; the dashboard, the Ray
+        # Client server and the agents bind their ports after that, seconds later on a
+        # loaded machine: wait for the whole set before asserting on it
+        want = {ray_port, dash, client, agent1, agent2}
+        deadline = time.monotonic() + 180
+        while True:
+            rows = _ray_sockets(state)
+            raylets = {pid for pid, comm, _, _ in rows if comm == "raylet"}
+            if (len(raylets) == 2 and want <= {p for *_, p in rows}) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        assert len(raylets) == 2, describe(rows)
+        assert want <= {p for *_, p in rows}, describe(rows)
         assert all(is_loopback(host) for _, _, host, _ in rows), describe(rows)
 
         addr, ml = f"http://127.0.0.1:{dash}", f"http://127.0.0.1:{mlport}"

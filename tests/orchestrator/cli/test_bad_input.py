@@ -266,7 +266,8 @@ def test_existing_folder_flags(flag: str, tmp_path: Path, warm, monkeypatch):
     spec, out = tmp_path / "spec.yaml", tmp_path / "out"
     spec.write_text(GOOD)
     (out / "bad").mkdir(parents=True)
-    (out / "bad" / "sweep.json").write_text("{}")
+    # a sweep.json as `run` writes it: a resume checks where the folder's files say it writes
+    (out / "bad" / "sweep.json").write_text('{"name": "bad", "trials": 1}')
     calls = []
     monkeypatch.setattr(cli, "execute", lambda s, o, a, resume: calls.append((o, resume)) or 0)
     assert warm(["run", str(spec), "--out", str(out), flag]) == 0

@@ -91,6 +91,10 @@ def test_ctrl_c_exit_130_then_resume_a_moved_copy(tmp_path: Path):
     # copy the folder elsewhere (as `ray rsync-down` would) and resume the copy
     moved = tmp_path / "elsewhere" / "tiny"
     shutil.copytree(sweep, moved, ignore=shutil.ignore_patterns(".lock"))
+    # everything of the original, byte for byte: the resume of the copy writes none of it (its
+    # store's artifact locations, which name the original, are pointed into the copy first)
+    original = {str(p.relative_to(sweep)): p.read_bytes() for p in sorted(sweep.rglob("*"))
+                if p.is_file() and p.name != ".lock"}
     for _ in range(2):  # a loaded 2-core machine can miss Ray's 30 s raylet start window
         r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "resume", str(moved)],
                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
@@ -103,6 +107,12 @@ def test_ctrl_c_exit_130_then_resume_a_moved_copy(tmp_path: Path):
     # the original was not written by the resume of its copy
     again = read_trials(str(sweep / "parquet"), sweep="tiny")
     assert sorted(again["status"]) == sorted(before["status"])
+    now = {str(p.relative_to(sweep)): p.read_bytes() for p in sorted(sweep.rglob("*"))
+           if p.is_file() and p.name != ".lock"}
+    assert now.keys() == original.keys() and all(now[k] == original[k] for k in now), \
+        sorted(k for k in now.keys() | original.keys() if now.get(k) != original.get(k))
+    assert "now point into" in r.stdout and str(moved / "mlartifacts") in r.stdout, r.stdout
+    assert list(moved.glob("mlartifacts/*/artifacts/spec.yaml"))
     s = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(moved)],
                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert s.returncode == 0 and "2 recorded" in s.stdout, s.stdout + s.stderr
