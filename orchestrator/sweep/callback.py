@@ -31,6 +31,15 @@ a driver killed between the two writes of one result (Parquet first, then MLflow
 trial's checkpoint at that step: on this driver's first MLflow write of a trial, the curve
 already on disk goes with it and the at-most-once rule keeps only the points MLflow lacks.
 
+Batching. Parquet gets every result's curve and metric parts when the writer takes it (a
+restart is told by them); a running trial's record is refreshed at most every ``BATCH_S``
+(its start and its end always). MLflow gets a trial's writes in batches: its params and tags
+from the start and its results of up to ``BATCH_S`` go out as one ``log_batch`` (one
+transaction), its last results with its final tags when it ends; ``get_state`` and ``flush``
+write every batch out first. A short trial costs MLflow 3-4 calls (create, a batch, end)
+instead of one per report plus 4; the UI and ``geosweep status`` show a running trial at most
+``BATCH_S`` late.
+
 A resumed driver ``preload``s the records already in Parquet, so a trial Tune only
 re-finalises keeps its status and the sweep's result covers every trial. Works without Ray
 running: every hook only needs ``trial.trial_id`` and ``trial.config``.
@@ -65,6 +74,10 @@ log = logging.getLogger(__name__)
 
 FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
 _SEED_KEY = "train.seed"
+# the longest a running trial's MLflow writes wait for company, and its Parquet record for a
+# refresh; Tune's experiment snapshot (every 2 s: cluster/local.py) writes them out anyway
+BATCH_S = 2.0
+_BARRIER = None  # a queue item that writes every MLflow batch out (get_state / flush)
 
 
 def _scalars(result: dict) -> dict[str, float]:
@@ -127,6 +140,9 @@ class SinkCallback(Callback):
         self._seen: set[str] = set()
         self._tagged: dict[str, dict[str, Any]] = {}  # MLflow tags already set per trial
         self._caught_up: set[str] = set()  # trials whose on-disk curve this driver sent MLflow
+        # trial id -> its MLflow writes not made yet (results, params, tags; writer thread)
+        self._mlflow_buf: dict[str, dict[str, Any]] = {}
+        self._written_at: dict[str, float] = {}  # trial id -> when its record was written
         # queued writer events per trial that end by writing its record (all but restore):
         # while a later one is queued, an earlier one skips its write (it would be replaced)
         self._pending: dict[str, int] = {}
@@ -187,13 +203,15 @@ class SinkCallback(Callback):
 
     def _wait_writes(self) -> None:
         if self._queue is not None:
+            self._queue.put(_BARRIER)  # after every event queued so far: MLflow batches out
             self._queue.join()
 
     # --- background writer ----------------------------------------------------------------
     def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
         state = dict(self.__dict__)
         state.update(_queue=None, _thread=None, _error=None, _pending={}, _lock=None,
-                     _mlflow_later=None, _mlflow_error=None, _caught_up=set())
+                     _mlflow_later=None, _mlflow_error=None, _caught_up=set(), _mlflow_buf={},
+                     _written_at={})
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -238,19 +256,62 @@ class SinkCallback(Callback):
 
     def _drain(self) -> None:
         while True:
-            fn, snap, args, now, writes = self._queue.get()
+            try:  # idle with MLflow batches waiting: write them out once they are due
+                item = self._queue.get(timeout=BATCH_S if self._mlflow_buf else None)
+            except queue.Empty:
+                self._guarded(self._mlflow_flush, None, BATCH_S)
+                continue
+            if item is _BARRIER:
+                self._guarded(self._mlflow_flush)
+                self._queue.task_done()
+                continue
+            fn, snap, args, now, writes = item
             try:
                 self._now = now  # timestamps are those of the Tune event, not of the write
-                fn(snap, *args)
-            except BaseException as e:  # noqa: BLE001 - reported by flush()
-                log.error("geosweep result sink: %r", e)
-                self._error = self._error or e
+                self._guarded(fn, snap, *args)
+                self._guarded(self._mlflow_flush, None, BATCH_S)
             finally:
                 self._now = None
                 if writes:
                     with self._lock:
                         self._pending[snap.trial_id] -= 1
                 self._queue.task_done()
+
+    def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - reported by flush()
+            log.error("geosweep result sink: %r", e)
+            self._error = self._error or e
+
+    # --- MLflow batches -------------------------------------------------------------------
+    def _mlflow_add(self, tid: str, result: tuple[list[dict], list[tuple]] | None = None,
+                    params: dict | None = None, tags: dict | None = None) -> None:
+        """Queue MLflow writes of a trial (written at once when not in background)."""
+        buf = self._mlflow_buf.get(tid)
+        if buf is None:
+            buf = self._mlflow_buf[tid] = {"results": [], "params": {}, "tags": {},
+                                           "since": time.monotonic()}
+        if result is not None:
+            buf["results"].append(result)
+        buf["params"].update(params or {})
+        buf["tags"].update(tags or {})
+        if not self.background:
+            self._mlflow_flush(tid)
+
+    def _mlflow_take(self, tid: str) -> dict[str, Any]:
+        return self._mlflow_buf.pop(tid, None) or {"results": [], "params": {}, "tags": {}}
+
+    def _mlflow_flush(self, tid: str | None = None, older_than: float | None = None) -> None:
+        """Write out the batch of ``tid`` (every trial's when None; with ``older_than``, only
+        batches at least that old), one ``log_batch`` per trial."""
+        now = time.monotonic()
+        for t in [tid] if tid is not None else list(self._mlflow_buf):
+            buf = self._mlflow_buf.get(t)
+            if buf is None or (older_than is not None and now - buf["since"] < older_than):
+                continue
+            self._mlflow_take(t)
+            self.mlflow.log_results(t, buf["results"], params=buf["params"], tags=buf["tags"])
 
     def _time(self) -> float:
         return self._now if self._now is not None else self.clock()
@@ -264,8 +325,9 @@ class SinkCallback(Callback):
         if rec["status"] not in ("completed", "diverged"):  # else: a finished trial re-started
             rec["status"] = "running"                       # by a resume; it keeps its outcome
         if self.mlflow is not None:  # named by its arm: searched params + seed
-            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec),
-                                    name=run_name(rec["params"]))
+            # the run now (its name, identity tags); params and tags with its first batch
+            self.mlflow.start_child(trial.trial_id, {}, {}, name=run_name(rec["params"]))
+            self._mlflow_add(trial.trial_id, params=rec["params"], tags=self._tags(rec))
         self._write(rec)
 
     def on_trial_restore(self, iteration: int, trials: list, trial: Any, **info) -> None:
@@ -312,12 +374,12 @@ class SinkCallback(Callback):
             # rows live in Parquet only: their summaries are reported scalars (``cont/*``), so
             # MLflow and Parquet ``trials/`` share one vocabulary (docs/metrics.md §N). The
             # points, the whole resolved config (first report of a trial only) and the tags
-            # that changed: one transaction.
+            # that changed: into the trial's next batch (one transaction).
             tags = self._new_tags(tid, self._tags(rec))
-            self.mlflow.log_result(tid, backlog + curve, [(_scalars(result), step)],
-                                   params=_config_of(result), tags=tags)
+            self._mlflow_add(tid, (backlog + curve, [(_scalars(result), step)]),
+                             params=_config_of(result), tags=tags)
             self._tagged[tid].update(tags)
-        self._write(rec)
+        self._write(rec, refresh=True)
 
     def _mlflow_backlog(self, tid: str) -> list[dict]:
         """On this driver's first MLflow write of a trial: its curve already in Parquet (a
@@ -408,20 +470,29 @@ class SinkCallback(Callback):
                 self.parquet.train_losses(trial.trial_id))
         self._write(rec)
         if self.mlflow is not None:
-            tags = self._tags(rec)
+            buf = self._mlflow_take(trial.trial_id)  # its last results go with its end
+            tags = {**buf["tags"], **self._tags(rec)}
             tags.update({f"{TAG}best_val_loss": rec.get("best_val_loss"),
                          f"{TAG}wall_s": rec["wall_s"], f"{TAG}overhead_s": rec["overhead_s"],
                          f"{TAG}error": rec.get("error") if status == "failed" else None,
                          f"{TAG}reason": reason(rec, status)})
-            self.mlflow.end_child(trial.trial_id, status, tags)
+            self.mlflow.end_child(trial.trial_id, status, tags, results=buf["results"],
+                                  params=buf["params"])
 
-    def _write(self, rec: dict) -> None:
+    def _write(self, rec: dict, refresh: bool = False) -> None:
+        """The trial's Parquet record; ``refresh``: a running trial's update, skipped when
+        the record on disk is younger than ``BATCH_S`` (its end writes it anyway)."""
         if self.parquet is None:
             return
+        tid = rec["trial"]
         with self._lock:
-            later = self._pending.get(rec["trial"], 0) > 1
-        if not later:  # else a queued event of this trial writes the newer record soon
-            self.parquet.write_trial(rec)
+            later = self._pending.get(tid, 0) > 1
+        now = time.monotonic()
+        if later or (refresh and self.background
+                     and now - self._written_at.get(tid, -math.inf) < BATCH_S):
+            return  # a queued event of this trial writes the newer record soon, or its end
+        self.parquet.write_trial(rec)
+        self._written_at[tid] = now
 
     # --- MLflow tags ----------------------------------------------------------------------
     def _tags(self, rec: dict) -> dict[str, Any]:
