@@ -120,6 +120,7 @@ class SinkCallback(Callback):
         clock: Callable[[], float] = time.time,
         background: bool = False,
         mlflow_later: Callable[[], MlflowSink] | None = None,
+        batch_s: float = BATCH_S,
     ) -> None:
         self.parquet, self.mlflow, self.metric, self.clock = parquet, mlflow, metric, clock
         # mlflow_later: the MLflow sink still being built (its store's schema migrations run
@@ -130,6 +131,7 @@ class SinkCallback(Callback):
         # background=True: hooks only enqueue; one writer thread does the I/O, so a slow
         # MLflow/Parquet write never stalls Tune's event loop (and with it every trial).
         self.background = background
+        self.batch_s = batch_s  # background only: how long a running trial's writes batch
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -257,9 +259,9 @@ class SinkCallback(Callback):
     def _drain(self) -> None:
         while True:
             try:  # idle with MLflow batches waiting: write them out once they are due
-                item = self._queue.get(timeout=BATCH_S if self._mlflow_buf else None)
+                item = self._queue.get(timeout=self.batch_s if self._mlflow_buf else None)
             except queue.Empty:
-                self._guarded(self._mlflow_flush, None, BATCH_S)
+                self._guarded(self._mlflow_flush, None, self.batch_s)
                 continue
             if item is _BARRIER:
                 self._guarded(self._mlflow_flush)
@@ -269,7 +271,7 @@ class SinkCallback(Callback):
             try:
                 self._now = now  # timestamps are those of the Tune event, not of the write
                 self._guarded(fn, snap, *args)
-                self._guarded(self._mlflow_flush, None, BATCH_S)
+                self._guarded(self._mlflow_flush, None, self.batch_s)
             finally:
                 self._now = None
                 if writes:
@@ -489,7 +491,7 @@ class SinkCallback(Callback):
             later = self._pending.get(tid, 0) > 1
         now = time.monotonic()
         if later or (refresh and self.background
-                     and now - self._written_at.get(tid, -math.inf) < BATCH_S):
+                     and now - self._written_at.get(tid, -math.inf) < self.batch_s):
             return  # a queued event of this trial writes the newer record soon, or its end
         self.parquet.write_trial(rec)
         self._written_at[tid] = now
