@@ -21,6 +21,7 @@ end events: geosweep's trial records, a 3-hook callback in the raw Tune arm):
 - teardown: the last trial's end event to the process's exit;
 - driver CPU per trial: the driver process's own CPU time (all its threads, read from
   /proc every 50 ms) between the first trial's start and the last one's end, over the trials;
+  and of its main thread alone (Tune's event loop: what a result waits for);
 - report blocking: how long each ``tune.report`` call of a trial took, timed inside the trial
   (geosweep: ``report_block_ms`` / ``checkpoint_report_ms`` of its timing; a trial's last
   report is not counted in either arm);
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -192,7 +194,9 @@ def _spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
 
 
 class _CpuTrace:
-    """(time, CPU seconds) of one process (all its threads, user + system) every 50 ms."""
+    """(time, CPU seconds of the process, of its main thread) every 50 ms, user + system.
+    The main thread of a Tune driver is Tune's event loop; the others are the sinks' writer
+    threads (geosweep) and Ray's own."""
 
     def __init__(self, pid: int, every: float = 0.05) -> None:
         self.pid, self.every, self.points = pid, every, []
@@ -201,14 +205,16 @@ class _CpuTrace:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _cpu(self, path: str) -> float:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self._tick
+
     def _run(self) -> None:
-        path = f"/proc/{self.pid}/stat"
         while not self._stop.is_set():
             try:
-                with open(path) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                self.points.append((time.time(), (int(fields[11]) + int(fields[12]))
-                                    / self._tick))
+                self.points.append((time.time(), self._cpu(f"/proc/{self.pid}/stat"),
+                                    self._cpu(f"/proc/{self.pid}/task/{self.pid}/stat")))
             except (OSError, IndexError, ValueError):
                 return  # the process is gone (or a zombie without stats)
             self._stop.wait(self.every)
@@ -217,9 +223,10 @@ class _CpuTrace:
         self._stop.set()
         self._thread.join()
 
-    def at(self, t: float) -> float | None:
-        """CPU seconds at time ``t`` (the last sample at or before it)."""
-        before = [c for ts, c in self.points if ts <= t]
+    def at(self, t: float, main: bool = False) -> float | None:
+        """CPU seconds at time ``t`` (the last sample at or before it); ``main``: the main
+        thread's."""
+        before = [p[2 if main else 1] for p in self.points if p[0] <= t]
         return before[-1] if before else None
 
 
@@ -242,9 +249,10 @@ def _trial_figures(row: dict, t0: float, t_exit: float, spans: list[tuple[float,
     first, last = min(a for a, _ in spans), max(b for _, b in spans)
     row["time_to_first_trial_s"] = first - t0
     row["teardown_s"] = t_exit - last
-    c0, c1 = cpu.at(first), cpu.at(last)
-    if c0 is not None and c1 is not None:
-        row["driver_cpu_s_per_trial"] = (c1 - c0) / len(spans)
+    for key, main in (("driver_cpu_s_per_trial", False), ("driver_loop_cpu_s_per_trial", True)):
+        c0, c1 = cpu.at(first, main), cpu.at(last, main)
+        if c0 is not None and c1 is not None:
+            row[key] = (c1 - c0) / len(spans)
 
 
 def run_arm(arm: str, n: int, steps: int, tmp: str, timeout: float,
@@ -384,6 +392,7 @@ def main() -> None:
     if not args.no_warm_ray and "geosweep" in arms:
         rows += _warm_runs(tmp, sps, [a for a in arms if a in REPORT_ARMS])
     load1 = os.getloadavg()
+    shutil.rmtree(tmp, ignore_errors=True)
     _summary(rows, arms, want, rounds, sps, load0, load1, args.quick)
 
 
@@ -416,8 +425,9 @@ def _summary(rows: list[dict], arms: list[str], sizes: list[str], rounds: int, s
              for b in r.get(key) or []]
         return round(statistics.median(v), 2) if v else None
 
-    def cpu(arm: str) -> float | None:  # the dearer of the two sizes' medians
-        v = [med("driver_cpu_s_per_trial", arm, sizes_=(s,)) for s in ("5s", "1s")]
+    def cpu(arm: str, key: str = "driver_cpu_s_per_trial") -> float | None:
+        """The dearer of the two sizes' medians."""
+        v = [med(key, arm, sizes_=(s,)) for s in ("5s", "1s")]
         v = [x for x in v if x is not None]
         return max(v) if v else None
 
@@ -450,6 +460,8 @@ def _summary(rows: list[dict], arms: list[str], sizes: list[str], rounds: int, s
         ("  a report with a checkpoint, ms", None, pooled("checkpoint_report_ms", "geosweep"),
          ""),
         ("driver CPU per trial, CPU-s", cpu("raytune"), cpu("geosweep"), "<= 0.07"),
+        ("  of it Tune's event loop, CPU-s", cpu("raytune", "driver_loop_cpu_s_per_trial"),
+         cpu("geosweep", "driver_loop_cpu_s_per_trial"), ""),
         ("time to first trial, cold, s", med("time_to_first_trial_s", "raytune"),
          med("time_to_first_trial_s", "geosweep"), "<= 7"),
         ("time to first trial, warm, s", med("time_to_first_trial_s", "raytune", True),
@@ -475,6 +487,8 @@ def _summary(rows: list[dict], arms: list[str], sizes: list[str], rounds: int, s
         "checkpoint_report_ms_median": pooled("checkpoint_report_ms", "geosweep"),
         "driver_cpu_s_per_trial": cpu("geosweep"),
         "raytune_driver_cpu_s_per_trial": cpu("raytune"),
+        "driver_loop_cpu_s_per_trial": cpu("geosweep", "driver_loop_cpu_s_per_trial"),
+        "raytune_driver_loop_cpu_s_per_trial": cpu("raytune", "driver_loop_cpu_s_per_trial"),
         "driver_cpu_s_per_trial_5s": med("driver_cpu_s_per_trial", "geosweep", sizes_=("5s",)),
         "driver_cpu_s_per_trial_1s": med("driver_cpu_s_per_trial", "geosweep", sizes_=("1s",)),
         "time_to_first_trial_s": med("time_to_first_trial_s", "geosweep"),
