@@ -28,6 +28,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 
 from cluster.redact import known_secrets, redact
+from orchestrator.store.mlflow_metrics import SqliteMetrics
 from orchestrator.store.mlflow_names import mlflow_key
 from orchestrator.store.mlflow_store import open_client
 from orchestrator.store.run_names import END_STATUS, EXPERIMENT_KIND, TAG
@@ -109,6 +110,9 @@ class MlflowSink:
             if self._sqlite is not None:  # refused (a foreign file): left exactly as it was
                 forget_sqlite(self._sqlite)
             raise
+        # metric points straight into the sqlite tables, as MLflow writes them, without its
+        # ORM (store/mlflow_metrics.py); None: MLflow's log_batch for them too
+        self._points = SqliteMetrics.open(self._sqlite) if self._sqlite is not None else None
         self.sweep = sweep
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -127,6 +131,9 @@ class MlflowSink:
         # run id -> param keys it holds (this process is the runs' only writer): a param is
         # logged once, without reading the run back before every batch
         self._param_keys: dict[str, set[str]] = {}
+
+    def __getstate__(self) -> dict:  # a pickled sink logs its points through MLflow's client
+        return {**self.__dict__, "_points": None}
 
     # --- runs -----------------------------------------------------------------------------
     def _find(self, tags: dict[str, str]) -> str | None:
@@ -226,6 +233,9 @@ class MlflowSink:
         """The sweep's writes are done: an sqlite store is a plain rollback-journal file again
         (its WAL checkpointed into it). The sink may still be used; it then writes with
         sqlite's defaults."""
+        if self._points is not None:
+            self._points.close()
+            self._points = None
         if self._sqlite is not None:
             release_sqlite(self._sqlite)
             self._sqlite = None
@@ -341,6 +351,9 @@ class MlflowSink:
         ts = [RunTag(_key(k), redact(_text(v), secrets)[:_MAX_TAG_LEN])
               for k, v in (tags or {}).items() if v is not None]
         ms = list(metrics)
+        if ms and self._points is not None:
+            self._points.write(run_id, ms)
+            ms = []
         while ms or ps or ts:
             self.client.log_batch(run_id, metrics=ms[:_MAX_METRICS],
                                   params=ps[:_MAX_PARAMS_TAGS], tags=ts[:_MAX_PARAMS_TAGS])

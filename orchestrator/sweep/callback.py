@@ -33,12 +33,13 @@ already on disk goes with it and the at-most-once rule keeps only the points MLf
 
 Batching. Parquet gets every result's curve and metric parts when the writer takes it (a
 restart is told by them); a running trial's record is refreshed at most every ``BATCH_S``
-(its start and its end always). MLflow gets a trial's writes in batches: its params and tags
-from the start and its results of up to ``BATCH_S`` go out as one ``log_batch`` (one
-transaction), its last results with its final tags when it ends; ``get_state`` and ``flush``
-write every batch out first. A short trial costs MLflow 3-4 calls (create, a batch, end)
-instead of one per report plus 4; the UI and ``geosweep status`` show a running trial at most
-``BATCH_S`` late.
+(its start and its end always). MLflow gets a trial's writes in batches: its points (curves
+and scalars) of up to ``BATCH_S`` in one transaction (straight into the sqlite tables of the
+sweep's own store: store/mlflow_metrics.py), its params and tags of up to ``META_S`` in one
+``log_batch``, everything left with its end. ``get_state`` writes every batched point out
+first, ``flush`` everything. A trial shorter than ``META_S`` costs MLflow's client 3 calls
+(create, one batch, end) instead of one per report plus 4; the UI and ``geosweep status``
+show a running trial's curves at most ``BATCH_S`` late, its params at most ``META_S``.
 
 A resumed driver ``preload``s the records already in Parquet, so a trial Tune only
 re-finalises keeps its status and the sweep's result covers every trial. Works without Ray
@@ -73,11 +74,14 @@ __all__ = ["SinkCallback", "FINAL_STATUSES"]
 log = logging.getLogger(__name__)
 
 FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
+_SINK_ONLY = ("_curve", "_rows", "_config")  # payload keys no one after this sink reads
 _SEED_KEY = "train.seed"
 # the longest a running trial's MLflow writes wait for company, and its Parquet record for a
 # refresh; Tune's experiment snapshot (every 2 s: cluster/local.py) writes them out anyway
 BATCH_S = 2.0
-_BARRIER = None  # a queue item that writes every MLflow batch out (get_state / flush)
+META_S = 10.0  # a running trial's MLflow params and tags (a resumed driver sends them again)
+_SNAPSHOT = object()  # queue items: write out every MLflow point batched (get_state),
+_EVERYTHING = object()  # and the params and tags too (flush)
 
 
 def _scalars(result: dict) -> dict[str, float]:
@@ -201,11 +205,13 @@ class SinkCallback(Callback):
         until every queued write is on disk, so a checkpoint a resumed driver restores from
         never lies past results still in the writer's queue (a ``kill -9`` would lose them,
         and the restored trial never re-reports them). Errors are left to the next hook."""
-        self._wait_writes()
+        self._wait_writes(everything=False)
 
-    def _wait_writes(self) -> None:
+    def _wait_writes(self, everything: bool = True) -> None:
+        """Wait for every event queued so far; then for the MLflow points batched (and with
+        ``everything``, the params and tags too)."""
         if self._queue is not None:
-            self._queue.put(_BARRIER)  # after every event queued so far: MLflow batches out
+            self._queue.put(_EVERYTHING if everything else _SNAPSHOT)
             self._queue.join()
 
     # --- background writer ----------------------------------------------------------------
@@ -261,17 +267,17 @@ class SinkCallback(Callback):
             try:  # idle with MLflow batches waiting: write them out once they are due
                 item = self._queue.get(timeout=self.batch_s if self._mlflow_buf else None)
             except queue.Empty:
-                self._guarded(self._mlflow_flush, None, self.batch_s)
+                self._guarded(self._mlflow_flush, True)
                 continue
-            if item is _BARRIER:
-                self._guarded(self._mlflow_flush)
+            if item is _SNAPSHOT or item is _EVERYTHING:
+                self._guarded(self._mlflow_flush, False, item is _EVERYTHING)
                 self._queue.task_done()
                 continue
             fn, snap, args, now, writes = item
             try:
                 self._now = now  # timestamps are those of the Tune event, not of the write
                 self._guarded(fn, snap, *args)
-                self._guarded(self._mlflow_flush, None, self.batch_s)
+                self._guarded(self._mlflow_flush, True)
             finally:
                 self._now = None
                 if writes:
@@ -290,30 +296,49 @@ class SinkCallback(Callback):
     def _mlflow_add(self, tid: str, result: tuple[list[dict], list[tuple]] | None = None,
                     params: dict | None = None, tags: dict | None = None) -> None:
         """Queue MLflow writes of a trial (written at once when not in background)."""
-        buf = self._mlflow_buf.get(tid)
-        if buf is None:
-            buf = self._mlflow_buf[tid] = {"results": [], "params": {}, "tags": {},
-                                           "since": time.monotonic()}
+        now = time.monotonic()
+        buf = self._mlflow_buf.setdefault(tid, {"results": [], "params": {}, "tags": {},
+                                                "since": None, "meta_since": None})
         if result is not None:
             buf["results"].append(result)
-        buf["params"].update(params or {})
-        buf["tags"].update(tags or {})
+            buf["since"] = buf["since"] or now
+        if params or tags:
+            buf["params"].update(params or {})
+            buf["tags"].update(tags or {})
+            buf["meta_since"] = buf["meta_since"] or now
         if not self.background:
-            self._mlflow_flush(tid)
+            self._mlflow_flush(False, True, tid)
 
     def _mlflow_take(self, tid: str) -> dict[str, Any]:
         return self._mlflow_buf.pop(tid, None) or {"results": [], "params": {}, "tags": {}}
 
-    def _mlflow_flush(self, tid: str | None = None, older_than: float | None = None) -> None:
-        """Write out the batch of ``tid`` (every trial's when None; with ``older_than``, only
-        batches at least that old), one ``log_batch`` per trial."""
+    def _mlflow_flush(self, due_only: bool, meta: bool = False, tid: str | None = None) -> None:
+        """Write out what is batched, one ``log_results`` per trial (of ``tid`` only, when
+        given): every trial's points (``due_only``: those waiting ``batch_s``), and with them
+        its params and tags when ``meta`` or once they waited ``META_S``. Points are what a
+        restored checkpoint can be past (Tune's snapshot writes them out); params and tags a
+        resumed driver sends again, so they wait for company longer."""
         now = time.monotonic()
         for t in [tid] if tid is not None else list(self._mlflow_buf):
             buf = self._mlflow_buf.get(t)
-            if buf is None or (older_than is not None and now - buf["since"] < older_than):
+            if buf is None:
                 continue
-            self._mlflow_take(t)
-            self.mlflow.log_results(t, buf["results"], params=buf["params"], tags=buf["tags"])
+            points = buf["since"] is not None and not (due_only
+                                                       and now - buf["since"] < self.batch_s)
+            with_meta = buf["meta_since"] is not None and (
+                meta or now - buf["meta_since"] >= META_S)
+            if not (points or with_meta):
+                continue
+            results = buf["results"] if points else []
+            params = buf["params"] if with_meta else {}
+            tags = buf["tags"] if with_meta else {}
+            if points:
+                buf.update(results=[], since=None)
+            if with_meta:
+                buf.update(params={}, tags={}, meta_since=None)
+            if buf["since"] is None and buf["meta_since"] is None:
+                self._mlflow_buf.pop(t)
+            self.mlflow.log_results(t, results, params=params, tags=tags)
 
     def _time(self) -> float:
         return self._now if self._now is not None else self.clock()
@@ -350,7 +375,13 @@ class SinkCallback(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info) -> None:
-        self._defer(self._do_trial_result, trial, result) or self._do_trial_result(trial, result)
+        mine = dict(result)  # the writer's copy: Tune goes on with the result meanwhile
+        # Tune keeps the result as the trial's last_result and pickles it into every experiment
+        # snapshot (every 2 s, each trial); the curve, rows and config are this sink's alone
+        # (callbacks may change the result: Tune's own note in TuneController)
+        for key in _SINK_ONLY:
+            result.pop(key, None)
+        self._defer(self._do_trial_result, trial, mine) or self._do_trial_result(trial, mine)
 
     def _do_trial_result(self, trial: Any, result: dict) -> None:
         tid = trial.trial_id

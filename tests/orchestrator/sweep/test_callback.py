@@ -471,24 +471,32 @@ def test_mlflow_store_that_fails_stops_the_sweep_and_keeps_parquet(tmp_path):
 def test_result_is_one_mlflow_transaction_with_config_params_and_changed_tags(sinks,
                                                                               monkeypatch,
                                                                               as_text):
-    """A result's points, the resolved config of the first report (JSON text, as the worker
+    """A result's points: one transaction straight into the sqlite tables (store/
+    mlflow_metrics.py); the resolved config of the first report (JSON text, as the worker
     sends it so that Tune keeps no statistics of its keys; a dict is read too) and the tags
-    that changed: one log_batch; a trial's start: create_run and one log_batch."""
+    that changed: a log_batch, none when nothing changed; a trial's start: create_run and one
+    log_batch. Nothing is read back."""
     import json
 
     ml, pq, parent, uri, root = sinks
     calls = []
     real_batch, real_create = ml.client.log_batch, ml.client.create_run
+    real_points = ml._points.write
 
     def batch(run_id, metrics=(), params=(), tags=()):
         calls.append(("batch", len(metrics), len(params), len(tags)))
         return real_batch(run_id, metrics=metrics, params=params, tags=tags)
+
+    def write(run_id, metrics):
+        calls.append(("points", len(metrics)))
+        return real_points(run_id, metrics)
 
     def create(*a, **k):
         calls.append(("create",))
         return real_create(*a, **k)
 
     monkeypatch.setattr(ml.client, "log_batch", batch)
+    monkeypatch.setattr(ml._points, "write", write)
     monkeypatch.setattr(ml.client, "create_run", create)
     monkeypatch.setattr(ml.client, "get_run", lambda *a, **k: pytest.fail("read back"))
     cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
@@ -500,14 +508,15 @@ def test_result_is_one_mlflow_transaction_with_config_params_and_changed_tags(si
     first = _payload(t, 1, 10)
     first["_config"] = json.dumps(config) if as_text else config
     cb.on_trial_result(0, [], t, first)
-    assert [c[0] for c in calls] == ["batch", "batch"]
-    assert sum(c[2] for c in calls) == 150 and calls[0][1] == 11  # 10 train + 1 val
+    assert [c[0] for c in calls] == ["points", "batch", "batch"]
+    assert calls[0] == ("points", 11)  # 10 train + 1 val (the scalars at 10: the same keys)
+    assert sum(c[2] for c in calls[1:]) == 150 and {c[1] for c in calls[1:]} == {0}
     calls.clear()
     cb.on_trial_result(0, [], t, _payload(t, 11, 20))
-    assert len(calls) == 1 and calls[0][2] == 0  # no params again, no unchanged tag
+    assert [c[0] for c in calls] == ["points"]  # no params again, no unchanged tag
     calls.clear()
     cb.on_trial_result(0, [], t, _payload(t, 21, 30, status="completed"))
-    assert len(calls) == 1 and calls[0][3] == 1  # the status tag changed
+    assert [c[0] for c in calls] == ["points", "batch"] and calls[1][3] == 1  # status tag
     cb.on_trial_complete(0, [], t)
     monkeypatch.undo()
     run = MlflowClient(uri).get_run(ml.run_id("t1"))
@@ -578,7 +587,7 @@ def test_background_writer_batches_a_trials_mlflow_writes(sinks, tmp_path_factor
 
 
 def test_tune_snapshot_writes_out_mlflow_batches(sinks):
-    """A running trial's batched MLflow writes are in the store when Tune's experiment
+    """A running trial's batched MLflow points are in the store when Tune's experiment
     snapshot returns (a driver killed after it must not lose them: its checkpoint is past
     them); a running trial's Parquet record is refreshed once per batch period, its curve
     parts at every result, its record at its end."""
@@ -596,10 +605,26 @@ def test_tune_snapshot_writes_out_mlflow_batches(sinks):
     run = ml.run_id("t1")
     hist = MlflowClient(uri).get_metric_history(run, "Loss/train")
     assert sorted(m.step for m in hist) == list(range(1, 21))
-    assert MlflowClient(uri).get_run(run).data.params["optim.lr"] == "0.001"
     rec = read_trials(root, sweep="sw").iloc[0]
     assert rec["status"] == "running" and pd.isna(rec["last_step"])  # the start's record
     assert len(read_curves(root, sweep="sw").query("split == 'train'")) == 20
     cb.on_trial_complete(0, [], t)
     cb.flush()
     assert read_trials(root, sweep="sw").iloc[0]["last_step"] == 20
+
+
+def test_tune_keeps_no_curve_in_the_trials_last_result(tmp_path):
+    """Tune stores the result a callback saw as the trial's last_result and pickles it into
+    every experiment snapshot: the sink takes the curve, rows and config out of it (its
+    writer keeps its own copy) and leaves what the searcher and the progress line read."""
+    cb = SinkCallback(parquet=ParquetSink(str(tmp_path), "s"), sweep="s", background=True)
+    t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    result = _payload(t, 1, 10)
+    result["_config"] = "{}"
+    cb.on_trial_result(0, [], t, result)
+    assert not {"_curve", "_rows", "_config"} & set(result)
+    assert result["_status"] == "running" and result["val/loss"] == 2.0
+    cb.flush()
+    assert len(read_curves(str(tmp_path), sweep="s")) == 11
+    assert len(read_metrics(str(tmp_path), sweep="s")) == 3
