@@ -131,7 +131,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     try:
         _, interrupted = fit_watching_sigint(tuner)
         fit_s = time.time() - t_fit
-        flush_all()  # the Optuna study's queued writes (orchestrator/sweep/optuna_search.py)
+        flush_all()  # the Optuna study's queued writes (orchestrator/sweep/study_mirror.py)
         mlflow = store.wait() if store is not None else mlflow
         printer("[geosweep] trials ended; writing MLflow/Parquet records and the kept weights...")
         if resume and not interrupted:
@@ -149,6 +149,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     except BaseException as e:  # a sweep that raises (or a second Ctrl-C) is not FINISHED
         if store is not None:  # None: the store failed (its error is what is raised)
             mlflow = store.wait(quiet=True)
+        _settle(sink_cb)
         if mlflow is not None:
             mlflow.end_parent(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
                               error=f"{type(e).__name__}: {e}"[:2000])
@@ -211,6 +212,17 @@ class _Plan:
         if spec.search.algorithm.startswith("optuna"):
             storage = f"sqlite:///{paths.root / 'optuna.db'}"
         return cls(spec, exp, names, previous, manifest, planned, storage)
+
+
+def _settle(sink_cb: Any) -> None:
+    """A failing sweep: the writers' queued writes done before the stores are closed (their
+    errors are not the sweep's: it fails with its own)."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        sink_cb.flush()
+    with contextlib.suppress(Exception):
+        flush_all()
 
 
 def _release_stores(mlflow: Any, plan: _Plan) -> None:
