@@ -44,6 +44,8 @@ def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: fl
         value = penalty_value(rules, initial_loss, out.get("val/best_loss", math.inf),
                               worst_loss)
     out[OBJECTIVE] = value
+    if not math.isfinite(out.get("val/best_loss", 0.0)):  # inf: "no finite eval yet", not data
+        del out["val/best_loss"]
     if rep.divergence is not None:
         out["diverged"] = 1.0
     out["_curve"] = [vars(p) for p in rep.curve]
