@@ -158,7 +158,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
     r.add_argument("--dry-run", action="store_true",
                    help="print trials, resources, total steps and a wall-time estimate "
-                        "(3 training steps measured here); start nothing")
+                        "(a 15-step training run measured here); start nothing")
     r.add_argument("--resume", action="store_true", help="continue an existing sweep folder")
     r.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
     r.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite)")

@@ -286,26 +286,44 @@ def test_heartbeat_prints_when_silent_and_tracks_steps():
 
 
 # --- dry-run estimate -----------------------------------------------------------------------
-def test_estimate_lines_arithmetic():
-    from orchestrator.cli.estimate import TRIAL_OVERHEAD_S, estimate_lines
+def test_estimate_lines_arithmetic(monkeypatch):
+    from orchestrator.cli import estimate as E
     from orchestrator.spec.yaml_reader import load_spec
 
-    spec = load_spec("quickstart")  # 8 trials x 300 steps, ASHA, 2 at a time
-    lines = estimate_lines(spec, 8, step_s=0.05)
-    assert lines[0] == "total: at most 2400 training steps (8 trials x 300 steps)"
-    want = 2400 * 0.05 / 2 + 4 * TRIAL_OVERHEAD_S  # 72 s
-    assert lines[1].startswith(f"estimated wall time: ~{want:.0f} s (50.0 ms/step measured")
+    monkeypatch.setattr(E.os, "cpu_count", lambda: 16)
+    spec = load_spec("quickstart")  # 8 trials x 300 steps, ASHA 100/2/300, 2 at a time
+    costs = E.TrialCosts(step_s=0.05, eval_s=0.1, metrics_s=0.5, setup_s=1.0)
+    lines = E.estimate_lines(spec, 8, costs)
+    assert lines[0] == ("total: at most 2400 training steps (8 trials x 300 steps); ASHA stops "
+                        "most trials early: ~1400 expected (175 per trial)")
+    # per trial: setup + 175 steps + 3.5 evals + 2.75 metric passes + its start
+    per = 1.0 + 175 * 0.05 + 3.5 * 0.1 + 2.75 * 0.5 + E.TRIAL_START_S["in_trial"]
+    want = E.RAY_START_S + E.WORKER_START_S + 8 * per / 2 + E.SWEEP_END_S  # ~78 s
+    assert lines[1].startswith(f"estimated wall time: ~{want:.0f} s (measured here on gpt-debug")
+    assert "50.0 ms/step, 0.10 s/eval, 0.50 s/metrics pass" in lines[1]
     mlp = load_spec("continuity_mlp")
-    assert "epochs" in estimate_lines(mlp, 45, step_s=1.0)[0]
+    assert "epochs" in E.estimate_lines(mlp, 45, costs)[0]
+
+
+def test_asha_expected_steps():
+    from orchestrator.cli.estimate import asha_expected_steps
+
+    assert asha_expected_steps(300, 100, 2.0, 300) == 175.0  # 100 + 100/2 + 100/4
+    assert asha_expected_steps(300, 300, 2.0, 300) == 300.0  # no rung below the end
+    assert asha_expected_steps(100, 10, 3.0, 100) == pytest.approx(10 + 20 / 3 + 60 / 9 + 10 / 27)
 
 
 @pytest.mark.parametrize("preset", ["gpt-debug", "mlp-debug"])
-def test_measure_step_s_is_a_real_time(preset):
-    from orchestrator.cli.estimate import measure_step_s
+def test_measure_costs_are_real_times(preset):
+    """The probe trains through the real loop: a warm step and a metrics pass are real positive
+    times (the metrics pass dearer than a step: SVDs of every matrix); an eval of the debug
+    presets' few batches can be below the clock's noise, so it is only never negative."""
+    from orchestrator.cli.estimate import measure_costs
     from workloads.config import preset as make
 
-    s = measure_step_s(make(preset), steps=2)
-    assert 0 < s < 60
+    c = measure_costs(make(preset))
+    assert 0 < c.step_s < 60 and 0 <= c.eval_s < 60 and c.setup_s >= 0
+    assert c.metrics_s > c.step_s
 
 
 def test_heartbeat_printer_pickles_like_tune_does():
