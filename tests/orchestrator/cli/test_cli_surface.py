@@ -82,13 +82,24 @@ def test_parse_set_value():
 def test_load_spec_with_sets_validates():
     spec = load_spec_with_sets("quickstart", [
         "budget.steps=60", "budget.eval_every=20", "scheduler.max_t=60",
-        "scheduler.grace_period=20", "search.num_samples=4", "seeds=2",
+        "scheduler.grace_period=20", "search.num_samples=4",
         "workload.overrides.optim.lr=3e-3"])
     assert spec.budget.steps == 60 and spec.search.num_samples == 4
-    assert spec.seeds == [0, 1]
     assert spec.workload.overrides["optim.lr"] == 3e-3
     with pytest.raises(SpecError, match=r"^budget\.stepz: unknown field; valid: steps"):
         load_spec_with_sets("quickstart", ["budget.stepz=5"])
+    assert load_spec_with_sets("norm_ablation", ["seeds=2"]).seeds == [0, 1]  # a grid
+
+
+def test_set_seeds_on_a_search_is_refused_in_one_line():
+    """issue 33 §8: an Optuna spec ran seeds[0] only and said nothing of the rest."""
+    with pytest.raises(SpecError) as e:
+        load_spec_with_sets("quickstart", ["seeds=2"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--set seeds: search.algorithm optuna-tpe runs "
+                                                "each sampled configuration once, with seed 0")
+    assert "--more-seeds" in msg
+    assert load_spec_with_sets("quickstart", ["seeds=1"]).seeds == [0]  # one seed: fine
 
 
 def test_run_dry_run_with_sets(capsys):
