@@ -195,6 +195,13 @@ def test_list_reads_the_registries(capsys):
     assert listing("families").splitlines()[0] == SECTIONS["families"][0] + ":"
     rc, _, err = run_cli(["list", "nope"], capsys)
     assert rc == 2 and "invalid choice" in err
+    # a description is a whole sentence, not a docstring's first line (issue 33 §16)
+    dgram = next(ln for ln in out.splitlines() if ln.split()[:1] == ["dgram"])
+    assert dgram.endswith("``colnorm_polar``."), dgram
+    from orchestrator.cli.listing import _first_line
+
+    assert _first_line("One line. Two.\n\nMore.") == "One line."
+    assert _first_line("Runs p = 2 (see\n    eq. 3) fast.\n") == "Runs p = 2 (see eq. 3) fast."
 
 
 def _walk(parser: argparse.ArgumentParser, path: str):
@@ -296,6 +303,28 @@ def test_heartbeat_prints_when_silent_and_tracks_steps():
     assert tracker.state_dict() == {}
 
 
+def test_heartbeat_says_evaluating_not_the_last_step():
+    """issue 33 §12: for the last 60 s of `train` the heartbeat said `step 30/30` while the
+    validation set was scored."""
+    hb = Heartbeat("x", every=10.0, stream=io.StringIO())
+    tracker = StepTracker(None, hb, total=30, eval_every=10, metrics_every=20)
+
+    class Info:
+        step = 9
+
+    tracker.check(Info())
+    assert hb.phase.startswith("training: step 9/30")
+    Info.step = 10
+    tracker.check(Info())
+    assert hb.phase == "evaluating on the validation set after step 10/30"
+    Info.step = 20
+    tracker.check(Info())
+    assert hb.phase == "evaluating on the validation set and collecting metrics after step 20/30"
+    Info.step = 30
+    tracker.check(Info())
+    assert hb.phase == "evaluating on the validation set and collecting metrics after step 30/30"
+
+
 # --- dry-run estimate -----------------------------------------------------------------------
 def test_estimate_lines_arithmetic(monkeypatch):
     from orchestrator.cli import estimate as E
@@ -353,3 +382,22 @@ def test_heartbeat_printer_pickles_like_tune_does():
     copy("[geosweep] from a copy")
     printer("[geosweep] from the original")
     assert buf.getvalue() == "[geosweep] from the original\n"
+
+
+def test_progress_eta_from_the_first_report_and_one_clock():
+    """issue 33 §14: `ETA ?` until the first trial ended, and the progress line's clock started
+    after Ray (0 s elapsed while the heartbeat had said 11 s)."""
+    from orchestrator.sweep.progress import command_start, eta_seconds
+
+    # 4 trials of 100 steps, two running at step 25 after 10 s of work: 50 of 400 steps
+    assert eta_seconds(4, 100, {"a": 25, "b": 25}, set(), 10.0) == pytest.approx(70.0)
+    # a stopped trial's slot is free: its whole budget counts as done
+    assert eta_seconds(4, 100, {"a": 25, "b": 50}, {"b"}, 10.0) == pytest.approx(
+        (400 - 125) / 12.5)
+    assert eta_seconds(4, None, {"a": 25}, set(), 10.0) is None  # no budget known yet
+    assert eta_seconds(4, 100, {}, set(), 10.0) is None  # nothing reported yet
+    start = command_start()
+    assert start <= time.time() and start == command_start()
+    hb = Heartbeat("x", stream=io.StringIO())
+    # the heartbeat counts from the same start: elapsed since the process started
+    assert abs((time.monotonic() - hb._t0) - (time.time() - start)) < 0.5
