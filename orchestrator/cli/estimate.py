@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, replace
 
 __all__ = ["measure_costs", "TrialCosts", "estimate_lines", "asha_expected_steps",
+           "expected_steps", "wall_estimate", "trial_threads", "human",
            "RAY_START_S", "WORKER_START_S", "TRIAL_START_S", "SWEEP_END_S"]
 
 # Measured on the 2-core CI machine (the README's quickstart: 60 s, of which 39 s of trials)
@@ -106,6 +107,38 @@ def asha_expected_steps(steps: int, grace: int, rf: float, max_t: int) -> float:
     return total
 
 
+def expected_steps(spec) -> float:
+    """Training steps a trial of ``spec`` is expected to run (ASHA: ``asha_expected_steps``)."""
+    steps = spec.base_config().train.steps
+    if spec.scheduler.type != "asha":
+        return float(steps)
+    s = spec.scheduler
+    return asha_expected_steps(steps, s.grace_period, s.reduction_factor, s.max_t or steps)
+
+
+def wall_estimate(spec, n_trials: int, costs: TrialCosts) -> tuple[float, int]:
+    """(seconds, trials at a time) of a sweep of ``n_trials`` trials of ``spec``."""
+    t, r = spec.base_config().train, spec.resources
+    from orchestrator.sweep.trial import resolve_executor
+
+    ex = resolve_executor(r)
+    expected = expected_steps(spec)
+    n_eval = expected / t.eval_every if t.eval_every else 0.0
+    n_metrics = (expected / t.metrics_every + 1) if t.metrics_every else 0.0
+    per_trial = (costs.setup_s + expected * costs.step_s + n_eval * costs.eval_s
+                 + n_metrics * costs.metrics_s + TRIAL_START_S[ex])
+    trial_cpus = r.workers_per_trial * r.cpus_per_worker
+    fit = ((os.cpu_count() or 1) // max(1, math.ceil(trial_cpus)) if not r.gpus_per_worker
+           else n_trials)  # GPU trials: the packing check decides (sweep/gpu_fit.py)
+    conc = max(1, min(spec.search.max_concurrent, n_trials, max(1, fit)))
+    return RAY_START_S + WORKER_START_S + n_trials * per_trial / conc + SWEEP_END_S, conc
+
+
+def trial_threads(spec) -> int:
+    """torch threads a trial of ``spec`` gets (Ray: its whole CPUs per worker)."""
+    return max(1, int(spec.resources.cpus_per_worker))
+
+
 def estimate_lines(spec, n_trials: int, costs: TrialCosts | None = None) -> list[str]:
     """The dry-run lines: total steps, and the estimate (``costs`` measured if None)."""
     cfg = spec.base_config()
@@ -115,34 +148,22 @@ def estimate_lines(spec, n_trials: int, costs: TrialCosts | None = None) -> list
                 "data set); no wall-time estimate"]
     steps = t.steps
     total = n_trials * steps
-    lines = []
-    expected = float(steps)
+    expected = expected_steps(spec)
     if spec.scheduler.type == "asha":
-        s = spec.scheduler
-        expected = asha_expected_steps(steps, s.grace_period, s.reduction_factor,
-                                       s.max_t or steps)
-        lines.append(f"total: at most {total} training steps ({n_trials} trials x {steps} "
-                     f"steps); ASHA stops most trials early: ~{expected * n_trials:.0f} "
-                     f"expected ({expected:.0f} per trial)")
+        lines = [f"total: at most {total} training steps ({n_trials} trials x {steps} "
+                 f"steps); ASHA stops most trials early: ~{expected * n_trials:.0f} "
+                 f"expected ({expected:.0f} per trial)"]
     else:
-        lines.append(f"total: {total} training steps ({n_trials} trials x {steps} steps)")
-    threads = max(1, int(r.cpus_per_worker))
+        lines = [f"total: {total} training steps ({n_trials} trials x {steps} steps)"]
+    threads = trial_threads(spec)
     if costs is None:
         costs = measure_costs(cfg, threads)
     from orchestrator.sweep.trial import resolve_executor
 
     ex = resolve_executor(r)
-    n_eval = expected / t.eval_every if t.eval_every else 0.0
-    n_metrics = (expected / t.metrics_every + 1) if t.metrics_every else 0.0
-    per_trial = (costs.setup_s + expected * costs.step_s + n_eval * costs.eval_s
-                 + n_metrics * costs.metrics_s + TRIAL_START_S[ex])
-    trial_cpus = r.workers_per_trial * r.cpus_per_worker
-    fit = ((os.cpu_count() or 1) // max(1, math.ceil(trial_cpus)) if not r.gpus_per_worker
-           else n_trials)  # GPU trials: the packing check decides (sweep/gpu_fit.py)
-    conc = max(1, min(spec.search.max_concurrent, n_trials, max(1, fit)))
-    wall = RAY_START_S + WORKER_START_S + n_trials * per_trial / conc + SWEEP_END_S
+    wall, conc = wall_estimate(spec, n_trials, costs)
     lines.append(
-        f"estimated wall time: ~{_human(wall)} (measured here on {spec.workload.preset} with "
+        f"estimated wall time: ~{human(wall)} (measured here on {spec.workload.preset} with "
         f"{threads} thread(s) per trial: {costs.step_s * 1e3:.1f} ms/step, "
         f"{costs.eval_s:.2f} s/eval, {costs.metrics_s:.2f} s/metrics pass, "
         f"{costs.setup_s:.1f} s setup; {conc} trials at a time; + Ray start, worker start, "
@@ -151,7 +172,7 @@ def estimate_lines(spec, n_trials: int, costs: TrialCosts | None = None) -> list
     return lines
 
 
-def _human(s: float) -> str:
+def human(s: float) -> str:
     if s < 90:
         return f"{s:.0f} s"
     if s < 5400:

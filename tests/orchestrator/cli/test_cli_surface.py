@@ -113,6 +113,18 @@ def test_run_dry_run_with_sets(capsys):
     assert rc == 2 and err.count("\n") == 1 and "budget.steps" in err
 
 
+def test_search_p_dry_run_starts_and_writes_nothing(capsys, tmp_path):
+    """issue 33 §16: search-p had no --dry-run."""
+    rc, out, err = run_cli(["search-p", "--dry-run", "--out", str(tmp_path / "out"),
+                            "--set", "search.num_samples=6", "--top-k", "2",
+                            "--confirm-seeds", "2"], capsys)
+    assert rc == 0, err
+    assert "stage 1, 6 trials by optuna-tpe" in out
+    assert "up to 3 configurations" in out and "x 2 seeds = up to 6 trials" in out
+    assert "estimated total: ~" in out and "nothing was started or written" in out
+    assert not (tmp_path / "out").exists()
+
+
 def test_search_p_set_error_is_one_line(capsys, tmp_path):
     rc, _, err = run_cli(["search-p", "--out", str(tmp_path), "--set", "search.bogus=1"],
                          capsys)
