@@ -110,8 +110,10 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
         return 1
     print(f"[geosweep] finished in {result.wall_s:.0f}s: {summary}")
     if result.best:
-        b = result.best
-        print(f"[geosweep] best trial {b['trial']} ({b.get('arm', '')}): "
+        from orchestrator.store.run_names import run_name
+
+        b = result.best  # named as in MLflow, status and the report (store/run_names.py)
+        print(f"[geosweep] best trial {run_name(b.get('params') or {})} (trial {b['trial']}): "
               f"{spec.search.metric} = {b['final_val_loss']:.4f}")
     p = result.paths
     print(f"[geosweep] Parquet dataset: {p.parquet_root}")
