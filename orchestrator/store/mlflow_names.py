@@ -64,7 +64,7 @@ def view_state(params: Iterable[str], parent_run_id: str | None = None,
     status, why = _col("tags", "geosweep.status"), _col("tags", "geosweep.reason")
     nums = [_col("metrics", m) for m in metrics] + [_col("params", p) for p in params]
     cols = [status, why, *nums, _col("attributes", "Duration")]
-    widths = {status: 100, why: 250, **dict.fromkeys(nums, 92)}
+    widths = {status: 100, why: 330, **dict.fromkeys(nums, 92)}
     state = {"selectedColumns": cols, "columnOrder": cols, "columnWidths": widths,
              "runsHiddenMode": "SHOW_ALL",
              "orderByKey": _col("metrics", mlflow_key(objective)),

@@ -23,6 +23,7 @@ from orchestrator.store.mlflow_names import (
     run_link,
     view_key,
     view_state,
+    view_url,
 )
 
 __all__ = ["log_sweep_summary", "best_record", "summary_note", "STATUSES", "NOTE_TAG"]
@@ -66,7 +67,8 @@ def log_sweep_summary(sink: MlflowSink, records: list[dict[str, Any]], metric: s
             tags[f"{TAG}best.run_id"] = run_id
             tags[f"{TAG}best.run_name"] = run.info.run_name
             tags[f"{TAG}best.link"] = run_link(sink.experiment_id, run_id)
-    tags[NOTE_TAG] = summary_note(sink.sweep, counts, metric, best, tags)
+    view = view_url("", sink.experiment_id, sink.sweep).lstrip("/")  # relative: "#/..."
+    tags[NOTE_TAG] = summary_note(sink.sweep, counts, metric, best, tags, view)
     sink.log_scalars(None, metrics, step=0)
     sink.set_tags(None, tags)
     sink.client.set_experiment_tag(sink.experiment_id, VIEW_TAG_PREFIX + view_key(sink.sweep),
@@ -83,7 +85,7 @@ def _param_keys(records: list[dict[str, Any]]) -> list[str]:
 
 
 def summary_note(sweep: str, counts: dict[str, int], metric: str, best: dict[str, Any] | None,
-                 tags: dict[str, Any]) -> str:
+                 tags: dict[str, Any], view: str | None = None) -> str:
     """The parent run's description: what the sweep did and which trial won (markdown)."""
     n = sum(counts.values())
     parts = ", ".join(f"{k} {_SAID[s]}" for s, k in counts.items() if k)
@@ -96,6 +98,9 @@ def summary_note(sweep: str, counts: dict[str, int], metric: str, best: dict[str
         shown = f"[{name}]({link})" if link else f"`{name}`"
         lines.append(f"Best trial: {shown} (trial `{best['trial']}`), `{metric}` = "
                      f"{float(best['objective']):.4g}.")
+    if view:
+        lines.append(f"Every trial, sorted by `{metric}`: [the sweep's runs]({view}), "
+                     f"[their curves on one chart]({view}&compareRunsMode=CHART).")
     lines.append("Every trial is a run of this experiment, named by its searched parameters "
                  "and seed; `geosweep.status` says completed, stopped, diverged or failed and "
                  "`geosweep.reason` why.")

@@ -239,12 +239,12 @@ def test_mlflow_ui_shows_the_sweep(sweep: Path, ui: dict, browser, tmp_path: Pat
         _wait(browser, _text_present(name), what=f"child run {name}")
     rows = _wait(browser, lambda d: (r := _rows(d)) and len(r) == 4 and all(
         x.get("geosweep.status") for x in r[:3]) and r, what="the four rows with statuses")
-    names = [r.get("Run Name", "").strip() for r in rows]
+    names = [r.get("Run Name", "").split("\n")[-1].strip() for r in rows]  # after its colour
     # completed 3e-3, then the stopped one (its loss at step 4), then the parent and the
     # diverged one, which have no Loss/val (MLflow sorts them last)
     assert names[:2] == ["p=2 lr=3e-3 s0", "p=2 lr=1e-4 s0"], names
     assert set(names[2:]) == {"uisweep", "p=2 lr=1e30 s0"}, names
-    by = {r["Run Name"].strip(): r for r in rows}
+    by = dict(zip(names, rows))
     assert by["p=2 lr=1e30 s0"]["geosweep.status"] == "diverged"
     assert by["p=2 lr=1e30 s0"]["geosweep.reason"].startswith("diverged: nonfinite")
     assert by["p=2 lr=1e-4 s0"]["geosweep.status"] == "stopped"

@@ -238,6 +238,8 @@ def test_model_training_view_summary_and_failed_parent(store):
     assert "4 trials (2 completed, 1 diverged, 1 stopped early by the scheduler)" in note
     assert f"[run b](#/experiments/{sink.experiment_id}/runs/{best}?workflowType=" in note
     assert "`val/loss` = 1.5" in note
+    assert (f"[the sweep's runs](#/experiments/{sink.experiment_id}/runs?viewStateShareKey="
+            "geosweep-sw&workflowType=machine_learning)") in note
     # the sweep's shared view (geosweep ui's link): flat, sorted by the objective, every run
     # charted; status and reason first, then the losses and the params
     view = json.loads(client.get_experiment(sink.experiment_id).tags[
