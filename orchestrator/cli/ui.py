@@ -192,7 +192,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     name = str(manifest.get("name") or root.name)
     exp_id = view_experiment(uri, name)
-    # the server's own lines (uvicorn's start-up, warnings) go to a log file, said once; the
+    # the server's own lines (uvicorn's start-up, warnings) go to a log file, said once and
+    # removed after a clean stop (kept, and its tail shown, when the server fails); the
     # terminal gets the links when the server answers
     import tempfile
 
@@ -226,6 +227,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("[geosweep] stopping the MLflow UI", file=sys.stderr, flush=True)
         _kill_group(proc)
+        _remove(log_path)  # a clean stop: nothing in it to read
         return 0
     finally:
         for s, h in old.items():
@@ -238,7 +240,15 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"geosweep: error: the MLflow UI server exited with code {rc} "
               f"(host {host}, port {port}); its log: {log_path}", file=sys.stderr)
         return 1
+    _remove(log_path)
     return 0
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def add(sub: argparse._SubParsersAction) -> None:

@@ -180,6 +180,10 @@ def test_real_server_links_quiet_and_sigterm(tmp_path):
         assert children & set(_procs()) == set()
         assert not any(g in groups for _, g in _procs().values())
         assert ui.port_free("127.0.0.1", port)
+        import re
+
+        log = re.search(r"its log: (\S+?)\)", "".join(lines))
+        assert log and not os.path.exists(log.group(1))  # a clean stop leaves no log behind
     finally:
         if proc.poll() is None:
             proc.kill()
