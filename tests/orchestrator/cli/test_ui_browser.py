@@ -303,9 +303,9 @@ def test_mlflow_ui_shows_the_sweep(sweep: Path, ui: dict, browser, tmp_path: Pat
 
         (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
         for src, name in ((runs_png, "mlflow_runs.png"), (charts_png, "mlflow_charts.png")):
-            img = Image.open(src).convert("RGB")  # small: 1000 px wide, 64-colour palette
+            img = Image.open(src).convert("RGB")  # small: 1000 px wide, a 256-colour palette
             img = img.resize((1000, round(img.height * 1000 / img.width)), Image.LANCZOS)
-            img.quantize(64).save(ROOT / "docs" / "img" / name, optimize=True)
+            img.quantize(256).save(ROOT / "docs" / "img" / name, optimize=True)
 
 
 @pytest.mark.timeout(600)
