@@ -20,6 +20,7 @@ message and log text this module hands back.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import shutil
@@ -227,11 +228,20 @@ def submit(spec_ref: str, address: str, out: str | None = None, mlflow_uri: str 
     connects): this package knows nothing of specs, only of files and command lines."""
     c = client(address)
     sub = build_submission(spec_ref, out, mlflow_uri, parquet_root, extra_args)
+    # Ray logs each step of packaging the working_dir at INFO (5 lines per submit, ".gitignore
+    # ignored", "Uploading package gcs://..."): warnings and errors still show
+    quiet = [logging.getLogger(n) for n in ("ray._private.runtime_env.packaging",
+                                             "ray.dashboard.modules.dashboard_sdk")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.WARNING)
     try:
         return _call("submit failed", lambda: c.submit_job(
             entrypoint=sub.entrypoint, runtime_env=sub.runtime_env,
             submission_id=submission_id, metadata=sub.metadata))
     finally:
+        for lg, lv in zip(quiet, levels):
+            lg.setLevel(lv)
         sub.cleanup()
 
 

@@ -144,6 +144,7 @@ start() {
     loopback=0
     node2_ray=("$PY" "$SCRIPT_DIR/../ray_loopback.py")
   fi
+  log "starting the Ray head ($HEAD_CPUS CPUs; ~10-30 s)..."
   start_node head env "$LOOPBACK_VAR=$loopback" "$RAY" start --block --head --port="$RAY_PORT" \
     --num-cpus="$HEAD_CPUS" \
     --node-ip-address="$HOST" --dashboard-host="$HOST" --dashboard-port="$DASHBOARD_PORT" \
@@ -151,16 +152,19 @@ start() {
     --temp-dir="$tmp" --disable-usage-stats
   # one at a time: Ray gives a raylet 30 s to register, which a loaded machine that is also
   # importing MLflow can miss
+  log "head up (${SECONDS}s); starting node2 ($NODE2_CPUS CPU, resource node2)..."
   start_node node2 env "$LOOPBACK_VAR=1" "${node2_ray[@]}" start --block \
     --address="$HOST:$RAY_PORT" --num-cpus="$NODE2_CPUS" \
     --resources='{"node2": 1}' --node-ip-address="$NODE2_IP" \
     --dashboard-agent-listen-port="$NODE2_AGENT_PORT" --temp-dir="$tmp2" --disable-usage-stats
+  log "node2 up (${SECONDS}s); starting the MLflow server..."
   launch mlflow env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$PY" -m mlflow server \
     --workers 1 --host "$HOST" --port "$MLFLOW_PORT" \
     --backend-store-uri "sqlite:///$STATE/mlflow/mlflow.db" \
     --artifacts-destination "$STATE/mlflow/artifacts"
   wait_for 120 mlflow "$PY" -c \
     "import urllib.request; urllib.request.urlopen('http://$HOST:$MLFLOW_PORT/health', timeout=2)"
+  log "all up in ${SECONDS}s"
   log "Ray dashboard / Jobs API: http://$HOST:$DASHBOARD_PORT (token: ~/.ray/auth_token)"
   log "MLflow server:            http://$HOST:$MLFLOW_PORT"
   log "try:  geosweep submit quickstart --address http://$HOST:$DASHBOARD_PORT \\"
@@ -202,7 +206,7 @@ status() {
 }
 
 case "${1:-}" in
-  start) start ;;
+  start) SECONDS=0; start ;;
   stop) stop ;;
   status) status ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;

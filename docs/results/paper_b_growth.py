@@ -3,7 +3,7 @@ arm (docs/results.md §0c), from a `manifold_assignment` sweep's Parquet dataset
 bound Muon's spectrally bounded step puts on sigma_max growth (sum of the lr schedule so far).
 
 Run from the repository root:
-    PYTHONPATH=. .venv/bin/python docs/results/paper_b_growth.py /work/results/manifold_assignment
+    PYTHONPATH=. .venv/bin/python docs/results/paper_b_growth.py results/manifold_assignment
 """
 
 from __future__ import annotations

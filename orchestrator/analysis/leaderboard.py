@@ -44,8 +44,8 @@ def rank_value(trials: pd.DataFrame) -> pd.Series:
 
 
 def leaderboard(trials: pd.DataFrame, top: int = 20, mode: str = "min") -> pd.DataFrame:
-    """The ``top`` trials: rank, trial, status, objective, best val loss, step reached,
-    divergence reason, then the searched params."""
+    """The ``top`` trials: rank, trial, name (as in MLflow and status), status, objective, best
+    val loss, step reached, divergence reason, then the searched params."""
     params = searched_params(trials)
     value = rank_value(trials)
     bad = trials["status"].isin(BAD)
@@ -57,6 +57,7 @@ def leaderboard(trials: pd.DataFrame, top: int = 20, mode: str = "min") -> pd.Da
     out = pd.DataFrame({
         "rank": range(1, len(t) + 1),
         "trial": t["trial"].to_numpy(),
+        "name": t["name"].to_numpy() if "name" in t.columns else np.full(len(t), None),
         "status": t["status"].to_numpy(),
         "objective": value.loc[t.index].to_numpy(),
         "best_val_loss": pd.to_numeric(t["best_val_loss"], errors="coerce").to_numpy(),

@@ -18,8 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.analysis.arm_labels import arm_names, short_labels
 from orchestrator.analysis.dual_health import write_dual
-from orchestrator.analysis.figures import _module_order, draw_figures, short_labels
+from orchestrator.analysis.figures import _module_order, draw_figures
 from orchestrator.analysis.frontier import write_frontier
 from orchestrator.analysis.load import (
     TERMINAL,
@@ -32,7 +33,14 @@ from orchestrator.analysis.load import (
     trial_spikes,
     with_metric,
 )
-from orchestrator.analysis.tables import _arms_md, _ci, _md_table, arm_table, metric_table
+from orchestrator.analysis.tables import (
+    _arms_md,
+    _ci,
+    _md_table,
+    arm_table,
+    metric_table,
+    one_seed,
+)
 from orchestrator.analysis.timing import stage
 from orchestrator.analysis.verdicts import write_verdicts
 
@@ -155,7 +163,7 @@ def _trial_table(data: SweepData, cfg: ReportConfig) -> tuple[pd.DataFrame, list
     """The trials with their spike counts, the leading columns first; and those columns."""
     spikes = trial_spikes(data, cfg)
     trials = data.trials.assign(spikes=data.trials["trial"].map(spikes))
-    lead = [c for c in dict.fromkeys(("trial", "arm", "seed", "status", "final_val_loss",
+    lead = [c for c in dict.fromkeys(("trial", "name", "arm", "seed", "status", "final_val_loss",
                                       cfg.metric, "best_val_loss", "final_train_loss",
                                       "last_step", "divergence_reason", "divergence_step",
                                       "spikes"))
@@ -167,19 +175,34 @@ def _intro_lines(data: SweepData, cfg: ReportConfig, arms: pd.DataFrame, base: s
                  baseline: str | None) -> list[str]:
     """The report's title, dataset line and arms table with how to read it."""
     counts = data.trials["status"].value_counts().to_dict()
+    single = one_seed(arms)
+    said = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    value = "final val loss" if cfg.metric == "final_val_loss" else f"`{cfg.metric}`"
+    if single:  # tables.one_seed: nothing to compare or bound
+        where = ("one seed per arm: no intervals, no comparison with a baseline (it would be "
+                 "a post-hoc pick of the best trial) and no multiple-comparison adjustment; "
+                 "the leaderboard below ranks the trials")
+        how = ("Losses: the completed trial's value. Diverged: diverged / (completed + "
+               "diverged) trials, as counts.")
+    else:
+        where = f"baseline arm `{base}` (" + (
+            "named by the spec" if named is not None and baseline is None else
+            "given" if baseline else "never a diverged arm: analysis/baseline.py") + ")"
+        n_p = int(arms["p_value"].notna().sum())
+        how = (f"Losses: mean [{cfg.conf:.0%} t-interval] over completed seeds (one seed: the "
+               f"value alone). Diff: arm - baseline {value}, paired by seed (paired t-test"
+               + (f"; Holm-adjusted over {n_p} arms in parentheses" if n_p else
+                  "; no arm has 2 paired seeds: no p-value") + "). Diverged: diverged / "
+               f"(completed + diverged) trials, with the Wilson {cfg.conf:.0%} interval from 2 "
+               "trials up.")
+    how += (f" Spikes: episodes with train loss > {cfg.spike_factor}x its running minimum "
+            f"(and > min + {cfg.spike_min_delta}).")
     return [
         f"# Sweep report: {data.name}", "",
-        f"Parquet dataset `{data.parquet_root}`; {len(data.trials)} trials ("
-        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"); baseline arm `{base}` ("
-        + ("named by the spec" if named is not None and baseline is None else
-           "given" if baseline else "never a diverged arm: analysis/baseline.py") + ").",
-        "", "## Arms", "", _md_table(_arms_md(arms)),
-        f"Losses: mean [{cfg.conf:.0%} t-interval] over completed seeds. Diff: arm - baseline "
-        + ("final val loss" if cfg.metric == "final_val_loss" else f"`{cfg.metric}`")
-        + ", paired by seed (paired t-test; Holm-adjusted over "
-        f"{int(arms['p_value'].notna().sum())} arms in parentheses). Divergence rate: diverged /"
-        f" (completed + diverged), Wilson {cfg.conf:.0%} interval. Spikes: episodes with train "
-        f"loss > {cfg.spike_factor}x its running minimum (and > min + {cfg.spike_min_delta}).",
+        f"Parquet dataset `{data.parquet_root}`; {len(data.trials)} trials ({said}); {where}.",
+        "", "## Arms", "", _md_table(_arms_md(arms.assign(arm=arms["arm"].map(
+            arm_names(list(arms["arm"])))))), how + " Arms are named as their trials are in "
+        "MLflow and `geosweep status`, without the seed; their full labels are in arms.csv.",
         "", "Full table: [arms.csv](arms.csv); per trial: [trials.csv](trials.csv).", "",
     ]
 
@@ -213,6 +236,7 @@ def _metrics_md(data: SweepData, cfg: ReportConfig, mtab) -> list[str]:
             index="arm", columns="module", values="v")
         piv = piv.reindex(index=[a for a in arm_order(data.trials) if a in set(g["arm"])],
                           columns=_module_order(piv.columns))
+        piv.index = piv.index.map(arm_names(list(piv.index)))
         lines += [f"### `{metric}`", "", _md_table(piv.reset_index()), ""]
     if flagged:
         lines += [f"† s1/s2 < {cfg.min_gap} for most of these matrices at the last "

@@ -3,9 +3,12 @@ each searched parameter, and parallel coordinates of every trial.
 
 Stopped (ASHA) trials are drawn too, as hollow grey circles: their value is the one at the
 step they reached, so it is not comparable with a completed trial's, but where the scheduler
-cut matters. Diverged trials are red crosses along the top edge (their objective is a
-penalty). p = inf gets its own tick right of the finite values. One Agg figure each, line
-collections instead of a line per trial, so 1,000 trials cost what 10 do.
+cut matters. Diverged trials are red crosses in a labelled band above the data (their objective
+is a penalty, not a loss: figure_marks.diverged_strip); a trial whose value lies above the
+plotted range (its 98th percentile) is a triangle at the range's top edge, counted in the
+legend. Colour is the objective, dark = lower (viridis), with a colour bar, in both figures.
+p = inf gets its own tick right of the finite values. One Agg figure each, line collections
+instead of a line per trial, so 1,000 trials cost what 10 do.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from orchestrator.analysis.figure_marks import diverged_strip, fmt_value
 from orchestrator.analysis.leaderboard import rank_value, searched_params
 
 __all__ = ["axis_values", "fig_objective_vs_params", "fig_parallel"]
@@ -90,34 +94,41 @@ def fig_objective_vs_params(trials: pd.DataFrame, path: Path,
     rows = math.ceil(len(params) / cols)
     fig = _figure(4.2 * cols, 3.4 * rows)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    over = ok & (y > yhi)  # above the plotted range: at its edge, counted
     for ax, p in zip(axes, params):
         x, ticks, labels, log = axis_values(trials[p])
         has = np.isfinite(x)
-        m = has & g["completed"] & ok
+        m = has & g["completed"] & ok & ~over
         sc = ax.scatter(x[m], y[m], s=14, c=y[m], cmap="viridis", vmin=ylo, vmax=yhi,
                         lw=0, label="completed")
-        m = has & g["stopped"] & ok
+        m = has & g["stopped"] & ok & ~over
         ax.scatter(x[m], y[m], s=16, facecolors="none", edgecolors="0.45", lw=0.8,
                    label="stopped (ASHA)")
+        m = has & over
+        if over.any():
+            ax.plot(x[m], np.full(m.sum(), yhi), "^", color="0.3", ms=5,
+                    label=f"above the range ({int(over.sum())})")
+        top = diverged_strip(ax, ylo, yhi) if g["diverged"].any() else None
         m = has & g["diverged"]
-        ax.plot(x[m], np.full(m.sum(), 0.97), "x", color="red", ms=5, mew=1.2,
-                transform=ax.get_xaxis_transform(), label="diverged / failed")
+        if top is not None:
+            ax.plot(x[m], np.full(m.sum(), top), "x", color="red", ms=5, mew=1.2,
+                    label=f"diverged / failed ({int(g['diverged'].sum())})")
+        elif yhi > ylo:
+            pad = 0.06 * (yhi - ylo)
+            ax.set_ylim(ylo - pad, yhi + pad)
         if log:
             ax.set_xscale("log")
             from matplotlib.ticker import NullLocator
 
             ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticks(ticks, labels, fontsize=7)
-        if yhi > ylo:
-            pad = 0.08 * (yhi - ylo)
-            ax.set_ylim(ylo - pad, yhi + 2 * pad)
         ax.set(xlabel=p, ylabel=label)
         ax.grid(alpha=0.3)
     for ax in axes[len(params):]:
         ax.set_axis_off()
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=7)
-    fig.colorbar(sc, ax=list(axes[: len(params)]), shrink=0.8, label=label)
+    fig.colorbar(sc, ax=list(axes[: len(params)]), shrink=0.8, label=f"{label} (dark = lower)")
     fig.suptitle(f"{label} vs each searched parameter ({len(trials)} trials)", fontsize=9)
     fig.savefig(path)
     return None
@@ -136,8 +147,7 @@ def fig_parallel(trials: pd.DataFrame, path: Path, label: str = "objective") -> 
         x, ticks, labels, log = axis_values(trials[p])
         f = (lambda v: np.log10(v)) if log else (lambda v: v)
         lo, hi = f(np.nanmin(x)), f(np.nanmax(x))
-        inside = [(t, lab) for t, lab in zip(ticks, labels) if lo - 1e-9 <= f(t) <= hi + 1e-9]
-        ends.append((inside[0][1], inside[-1][1]) if inside else ("", ""))
+        ends.append(_ends(trials[p], x, ticks, labels))
         span = hi - lo if hi > lo else 1.0
         cols.append((f(x) - lo) / span)  # NaN where the param is absent: the line breaks
         names.append(p.split(".")[-1] if len(p) > 14 else p)
@@ -148,11 +158,11 @@ def fig_parallel(trials: pd.DataFrame, path: Path, label: str = "objective") -> 
     ends.append((f"{ylo:.3g}", f"{yhi:.3g}"))
     mat = np.vstack(cols).T  # trials x axes
     xs = np.arange(mat.shape[1], dtype=float)
-    fig = _figure(max(6.0, 1.6 * len(names)), 4.6)
+    fig = _figure(max(7.0, 1.8 * len(names) + 1.5), 4.8)
     ax = fig.subplots()
     from matplotlib import colormaps
 
-    cmap = colormaps["viridis_r"]
+    cmap = colormaps["viridis"]  # dark = lower, as in objective_vs_params.png
     for key, color, style, alpha in (("diverged", "red", "--", 0.35), ("stopped", "0.6", "-",
                                       0.35), ("completed", None, "-", 0.6)):
         idx = np.flatnonzero(g[key])
@@ -173,8 +183,28 @@ def fig_parallel(trials: pd.DataFrame, path: Path, label: str = "objective") -> 
     ax.set_ylim(-0.1, 1.1)
     ax.set_xticks(xs, names, fontsize=8)
     ax.set_yticks([])
-    ax.legend(fontsize=7, loc="lower left", framealpha=0.8)
-    ax.set_title(f"parallel coordinates, {len(trials)} trials: colour = {label} (darker = "
-                 "lower), diverged above its axis", fontsize=8)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3,
+               fontsize=7)
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    fig.colorbar(ScalarMappable(Normalize(ylo, yhi), cmap), ax=ax, shrink=0.8,
+                 label=f"{label} of completed trials (dark = lower)")
+    ax.set_title(f"parallel coordinates, {len(trials)} trials: colour = {label}\nstopped grey; "
+                 f"diverged red, dashed, above the {label} axis", fontsize=8)
     fig.savefig(path)
     return None
+
+
+def _ends(col: pd.Series, x: np.ndarray, ticks: list[float], labels: list[str]
+          ) -> tuple[str, str]:
+    """The labels at an axis' bottom and top: its smallest and largest value (``inf`` at the
+    top when present), or the first and last category."""
+    num = pd.to_numeric(col, errors="coerce")
+    if num.notna().sum() == col.notna().sum() and num.notna().any():
+        v = num.to_numpy(dtype=float)
+        fin = v[np.isfinite(v)]
+        lo = fmt_value(float(fin.min())) if len(fin) else "inf"
+        hi = "inf" if np.isinf(v).any() else fmt_value(float(fin.max()))
+        return lo, hi
+    return (labels[0], labels[-1]) if labels else ("", "")

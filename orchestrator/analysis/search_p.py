@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["divergence_boundary", "divergence_map", "render_markdown", "jsonable", "answer",
-           "response_curve", "ALPHA"]
+__all__ = ["divergence_boundary", "boundary_note", "MIN_CLASS", "divergence_map",
+           "render_markdown", "jsonable", "answer", "response_curve", "ALPHA"]
 
 ALPHA = 0.05  # "within noise": a two-sided Welch test at this level does not separate them
 
@@ -95,18 +95,38 @@ def response_curve(rows: list[Mapping[str, Any]], path: Path) -> Path:
     return path
 
 
+MIN_CLASS = 3  # diverged and stable finite-p trials a boundary fit needs, each
+
+
+def _fit_points(obs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in obs if o["p"] is not None and o["lr"] and o["lr"] > 0
+            and math.isfinite(o["p"]) and o["status"] in ("completed", "stopped", "diverged")]
+
+
+def boundary_note(obs: list[dict[str, Any]]) -> str | None:
+    """Why no boundary is fitted (None: it is): fewer than ``MIN_CLASS`` diverged or stable
+    finite-p trials cannot place a line (1 diverged trial in 6 put itself on the stable side
+    and a line far outside the searched range: issue 33 §3)."""
+    pts = _fit_points(obs)
+    k = sum(o["status"] == "diverged" for o in pts)
+    if k >= MIN_CLASS and len(pts) - k >= MIN_CLASS:
+        return None
+    return (f"no boundary drawn: {k} diverged and {len(pts) - k} stable finite-p trials; a "
+            f"fit needs {MIN_CLASS} of each")
+
+
 def divergence_boundary(obs: list[dict[str, Any]], c: float = 1.0) -> dict[str, float] | None:
     """Logistic regression of diverged (1) vs not (0) on (log2 p, log10 lr), finite p only.
 
     Returns ``{"b0", "b_p", "b_lr"}`` with P(diverged) = sigmoid(b0 + b_p log2 p + b_lr
     log10 lr); the drawn boundary is P = 1/2 (lr at which p starts to diverge). L2-regularised
     (``c``: sklearn's inverse strength) so that a perfectly separable small sample still gives
-    a finite, centred line. ``None`` without both classes among >= 4 trials."""
-    pts = [o for o in obs if o["p"] is not None and o["lr"] and o["lr"] > 0
-           and math.isfinite(o["p"]) and o["status"] in ("completed", "stopped", "diverged")]
-    y = [o["status"] == "diverged" for o in pts]
-    if len(pts) < 4 or all(y) or not any(y):
+    a finite, centred line. ``None`` with fewer than ``MIN_CLASS`` diverged or stable trials
+    (``boundary_note`` says so)."""
+    if boundary_note(obs) is not None:
         return None
+    pts = _fit_points(obs)
+    y = [o["status"] == "diverged" for o in pts]
     import numpy as np
     from scipy.optimize import minimize
 
@@ -155,11 +175,26 @@ def divergence_map(obs: list[dict[str, Any]], path: Path) -> Path:
         ax.scatter(*xy(div), marker="x", c="red", s=50, label="diverged", zorder=4)
     ax.axvline(x_inf - 0.75, color="0.8", linestyle=":")
     fit = divergence_boundary(obs)
-    if fit is not None and abs(fit["b_lr"]) > 1e-9:
-        xs = [min([-2.0, *finite]) + i * (x_inf - 0.75 - min([-2.0, *finite])) / 50
-              for i in range(51)]
-        ax.plot(xs, [-(fit["b0"] + fit["b_p"] * x) / fit["b_lr"] for x in xs], "r--", lw=1.2,
-                label="boundary: P(diverged) = 1/2 (logistic fit)")
+    fin_pts = _fit_points(obs)
+    if fit is not None and abs(fit["b_lr"]) > 1e-9:  # only inside the searched (p, lr) box
+        x0 = min(math.log2(o["p"]) for o in fin_pts)
+        x1 = max(math.log2(o["p"]) for o in fin_pts)
+        xs = [x0 + i * (x1 - x0) / 50 for i in range(51)]
+        n_div = sum(o["status"] == "diverged" for o in fin_pts)
+        for prob, style, lw, lab in ((0.5, "--", 1.2, f"P(diverged) = 1/2 (logistic fit, "
+                                      f"{len(fin_pts)} trials, {n_div} diverged)"),
+                                     (0.1, ":", 0.8, "P = 0.1 and 0.9"), (0.9, ":", 0.8, None)):
+            z = math.log(prob / (1 - prob))
+            ax.plot(xs, [(z - fit["b0"] - fit["b_p"] * x) / fit["b_lr"] for x in xs], "r",
+                    ls=style, lw=lw, label=lab)
+    else:
+        note = boundary_note(obs) or "no boundary drawn: the fit has no lr dependence"
+        ax.text(0.02, 0.02, note, transform=ax.transAxes, fontsize=7, color="0.3",
+                ha="left", va="bottom")
+    lrs = [math.log10(o["lr"]) for o in pts]
+    if lrs:  # the searched lr range (a fitted line never stretches the axis)
+        pad = 0.08 * (max(lrs) - min(lrs) or 1.0)
+        ax.set_ylim(min(lrs) - pad, max(lrs) + pad)
     ticks = sorted({-2, 0, 2, 4, 6} | {round(v) for v in finite})
     ax.set_xlim(min([-2.0, *finite]) - 0.5, x_inf + 0.5)
     ax.set_xticks([*ticks, x_inf], [*(f"{2.0 ** t:g}" for t in ticks), "inf"])
@@ -223,9 +258,12 @@ def render_markdown(name: str, res: Any, notes: list[str]) -> str:
     lines += ["", "## Where (p, lr) diverged", "",
               f"{len(div)} of {len(res.stage1)} search trials diverged "
               "(each told to the sampler as a violated constraint `diverged`, with its penalty "
-              "value; ASHA-stopped trials as PRUNED). The dashed line is the boundary of the "
-              "stable region: a logistic regression of diverged vs not on (log2 p, log10 lr) "
-              "over the finite-p trials, P(diverged) = 1/2.", "",
+              "value; ASHA-stopped trials as PRUNED). "
+              + (boundary_note(res.stage1).capitalize() + "." if boundary_note(res.stage1) else
+                 "The dashed line is the boundary of the stable region: a logistic regression "
+                 "of diverged vs not on (log2 p, log10 lr) over the finite-p trials, "
+                 "P(diverged) = 1/2, drawn inside the searched range, with P = 0.1 and 0.9 "
+                 "dotted (how sharp the fit is, not its uncertainty)."), "",
               "![divergence map](divergence_map.png)", ""]
     for o in sorted(div, key=lambda o: (o["p"] or 0, o["lr"] or 0)):
         lines.append(f"- p = {_fmt_p(o['p'])}, lr = {o['lr']:.3g}: diverged by step {o['steps']}")

@@ -219,14 +219,30 @@ def _ci(m: float, lo: float, hi: float) -> str:
     return f"{m:.4g}" if math.isnan(lo) else f"{m:.4g} [{lo:.4g}, {hi:.4g}]"
 
 
+def one_seed(arms: pd.DataFrame) -> bool:
+    """Every arm has at most one seed (a 1-seed search): no interval, no paired difference and
+    no multiple-comparison adjustment can be computed, and a "baseline" would be a post-hoc
+    pick of the best trial; the report says so instead of printing them."""
+    return bool(len(arms)) and int(arms["n_seeds"].max()) <= 1
+
+
+def _rate(k: int, n: int, rate: float, lo: float, hi: float) -> str:
+    """A divergence rate as counts, with its Wilson interval only from 2 trials up."""
+    if not n:
+        return "-"
+    return f"{k}/{n}" if n < 2 else f"{k}/{n}: {_ci(rate, lo, hi)}"
+
+
 def _arms_md(arms: pd.DataFrame) -> pd.DataFrame:
     r = arms
+    single = one_seed(arms)
 
     def ci(key: str) -> list[str]:
         return [_ci(*x) for x in zip(r[f"{key}_mean"], r[f"{key}_lo"], r[f"{key}_hi"])]
 
-    return pd.DataFrame({
-        "arm": r["arm"] + np.where(r["baseline"], " (baseline)", ""),
+    n_term = r["n_completed"] + r["n_diverged"]
+    out = {
+        "arm": r["arm"] + ("" if single else np.where(r["baseline"], " (baseline)", "")),
         "seeds": r["n_seeds"],
         "done/stopped/div/fail": [f"{a}/{s}/{b}/{c}" for a, s, b, c in
                                   zip(r["n_completed"], r["n_stopped"], r["n_diverged"],
@@ -240,6 +256,11 @@ def _arms_md(arms: pd.DataFrame) -> pd.DataFrame:
         "diff vs baseline": ci("diff"),
         "p (Holm)": [f"{_fmt(p, 3)} ({_fmt(q, 3)})" if not math.isnan(p) else "-"
                      for p, q in zip(r["p_value"], r["p_holm"])],
-        "divergence rate": [_ci(*x) for x in zip(r["div_rate"], r["div_lo"], r["div_hi"])],
+        "diverged": [_rate(k, n, *x) for k, n, x in
+                     zip(r["n_diverged"], n_term, zip(r["div_rate"], r["div_lo"], r["div_hi"]))],
         "median div step": r["median_div_step"], "spikes/trial": r["spikes_per_trial"],
-    })
+    }
+    if single:  # nothing to compare or bound: see one_seed
+        for k in ("diff vs baseline", "p (Holm)"):
+            del out[k]
+    return pd.DataFrame(out)

@@ -1,18 +1,26 @@
 """Stage timings of ``geosweep report`` (wall and CPU seconds per stage), for
 benchmarks/report_scale.py: with ``GEOSWEEP_REPORT_TIMINGS=FILE`` in the environment the
 report command writes them to FILE as JSON. Off by default, and then ``stage`` costs nothing
-but a context manager."""
+but a context manager. ``listen(fn)``: ``fn(name)`` as each stage starts (the report command's
+progress lines)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["ENV", "start", "stage", "recorded"]
+__all__ = ["ENV", "start", "stage", "recorded", "listen"]
 
 ENV = "GEOSWEEP_REPORT_TIMINGS"
 _active: dict[str, list[float]] | None = None
+_listener: Callable[[str], None] | None = None
+
+
+def listen(fn: Callable[[str], None] | None) -> None:
+    """Call ``fn(stage name)`` when a stage starts (None: stop)."""
+    global _listener
+    _listener = fn
 
 
 def start() -> None:
@@ -24,6 +32,8 @@ def start() -> None:
 @contextmanager
 def stage(name: str) -> Iterator[None]:
     """Time the block as ``name`` (added up when a stage runs more than once)."""
+    if _listener is not None:
+        _listener(name)
     if _active is None:
         yield
         return

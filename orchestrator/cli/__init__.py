@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.cli.failures import CURRENT
 
     CURRENT.update(sweep=None, writing=None)  # main() may run many times in one process
+    # MLflow prints "View run ... at: URL" for every run it ends on a tracking server: one per
+    # trial in a sweep's (or a Ray Job's) output; `geosweep ui` and the summary link them
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     # every line the command prints (its own, its libraries', its logging) goes through the
     # one redaction (cluster/redact.py): no password of a URL or token reaches the terminal
     streams = sys.stdout, sys.stderr

@@ -61,7 +61,13 @@ SECTIONS: dict[str, tuple[str, Callable[[], list[tuple[str, str]]]]] = {
 
 
 def _first_line(doc: str | None) -> str:
-    return (doc or "").strip().splitlines()[0].strip() if (doc or "").strip() else ""
+    """A docstring's first sentence, whole: its first paragraph up to the first full stop
+    that ends a sentence (a docstring's first line can stop mid-sentence: issue 33 §16)."""
+    import re
+
+    para = " ".join(ln.strip() for ln in (doc or "").strip().split("\n\n")[0].splitlines())
+    end = re.search(r"[.!?](?=\s+[A-Z(]|$)", para)
+    return para[: end.end()] if end else para
 
 
 def listing(what: str | None = None) -> str:

@@ -195,15 +195,7 @@ def check_model_memory(cfgs: Any, where: str = "this machine",
 def spec_model_configs(spec: Any) -> list[tuple[str, Any]]:
     """The spec's base workload, and the base with each discrete model.* value of its space
     (one key at a time: the grid itself is never built)."""
+    from orchestrator.sweep.gpu_fit import plan_configs
     from workloads.config import apply_overrides
 
-    base = spec.base_config()
-    out = [(f"workload {spec.workload.preset}", base)]
-    for key, p in spec.space.items():
-        if key.startswith("model.") and p.discrete:
-            for v in p.candidates():
-                try:
-                    out.append((f"space.{key}={v}", apply_overrides(base, {key: v})))
-                except Exception:  # noqa: BLE001 - an invalid value is the spec's own error
-                    continue
-    return out
+    return plan_configs(spec.base_config(), spec.space, apply_overrides, prefixes=("model.",))

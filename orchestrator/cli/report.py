@@ -1,10 +1,15 @@
-"""`geosweep report DIR`: per-arm tables and figures from the Parquet dataset."""
+"""`geosweep report DIR`: per-arm tables and figures from the Parquet dataset.
+
+Says where it writes first, a line per stage while it works (and at least every 10 s), and at
+the end where the report is and what it holds; report.md itself is not printed. The folder
+report/ is replaced whole once every output exists (store/staging.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 from orchestrator.cli.checks import sweep_dir
@@ -24,21 +29,48 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     CURRENT["writing"] = root / "report"
     from orchestrator.analysis import timing
+    from orchestrator.cli.heartbeat import Heartbeat
 
     timings = os.environ.get(timing.ENV)  # benchmarks/report_scale.py: stage timings
     if timings:
         timing.start()
-    with timing.stage("imports"):
-        from orchestrator.analysis.report import ReportError, write_report
+    t0 = time.monotonic()
+    hb = Heartbeat("geosweep", phase="importing the analysis libraries")
 
-    try:
-        out = write_report(root, baseline=args.baseline, metric=args.metric)
-    except ReportError as e:
-        raise UsageError(str(e)) from None
+    def progress(stage: str) -> None:  # a line per report stage (analysis/timing.py)
+        hb.phase = f"report: {stage}"
+        hb.say(f"[geosweep] report: {stage} ({time.monotonic() - t0:.0f}s)")
+
+    with hb:
+        hb.say(f"[geosweep] report of {root}: tables and figures into {root / 'report'}")
+        with timing.stage("imports"):
+            from orchestrator.analysis.report import ReportError, write_report
+
+        timing.listen(progress)
+        try:
+            out = write_report(root, baseline=args.baseline, metric=args.metric)
+        except ReportError as e:
+            raise UsageError(str(e)) from None
+        finally:
+            timing.listen(None)
     if timings:
         Path(timings).write_text(json.dumps(timing.recorded()))
-    print(out.read_text() if out.suffix == ".md" else out)
+    _done(out, time.monotonic() - t0)
     return 0
+
+
+def _done(md: Path, took: float) -> None:
+    """Where the report is, what it holds and what MLflow said (its last section)."""
+    folder = md.parent
+    figs = sorted(p.name for p in folder.glob("*.png"))
+    csvs = sorted(p.name for p in folder.glob("*.csv"))
+    text = md.read_text()
+    print(f"[geosweep] report written in {took:.0f}s: {md}")
+    print(f"[geosweep]   {len(figs)} figures ({', '.join(figs) or 'none'})")
+    print(f"[geosweep]   tables: {', '.join(csvs) or 'none'}")
+    mlflow = text.rsplit("## MLflow", 1)[1].strip().lstrip("- ") if "## MLflow" in text else ""
+    if mlflow:
+        print(f"[geosweep]   MLflow: {mlflow}")
 
 
 def add(sub: argparse._SubParsersAction) -> None:

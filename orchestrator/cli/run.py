@@ -115,8 +115,10 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None,
         return 1
     print(f"[geosweep] finished in {result.wall_s:.0f}s: {summary}")
     if result.best:
-        b = result.best
-        print(f"[geosweep] best trial {b['trial']} ({b.get('arm', '')}): "
+        from orchestrator.store.run_names import run_name
+
+        b = result.best  # named as in MLflow, status and the report (store/run_names.py)
+        print(f"[geosweep] best trial {run_name(b.get('params') or {})} (trial {b['trial']}): "
               f"{spec.search.metric} = {b['final_val_loss']:.4f}")
     p = result.paths
     print(f"[geosweep] Parquet dataset: {p.parquet_root}")
@@ -163,7 +165,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
     r.add_argument("--dry-run", action="store_true",
                    help="print trials, resources, total steps and a wall-time estimate "
-                        "(3 training steps measured here); start nothing")
+                        "(a 15-step training run measured here); start nothing")
     r.add_argument("--resume", action="store_true", help="continue an existing sweep folder")
     r.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
     r.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite)")

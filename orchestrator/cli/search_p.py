@@ -48,6 +48,9 @@ def add_search_p_command(subparsers: argparse._SubParsersAction) -> argparse.Arg
                     help="seeds per confirmed configuration (default 3)")
     sp.add_argument("--sampler", choices=("tpe", "gp"), default=None,
                     help="Optuna sampler (default: the spec's, else tpe)")
+    sp.add_argument("--dry-run", action="store_true",
+                    help="print both stages' trials, steps and a wall-time estimate (a "
+                         "15-step training run measured here); start nothing")
     sp.add_argument("--resume", action="store_true", help="continue an interrupted search")
     sp.add_argument("--overwrite", action="store_true", help="delete an existing sweep folder")
     add_spec_set_argument(sp)
@@ -67,6 +70,8 @@ def cmd_search_p(args: argparse.Namespace) -> int:
         spec = stage1_spec(load_spec_with_sets(args.spec, args.set), args.sampler)
     except (SpecError, SearchPError) as e:
         raise UsageError(str(e)) from None
+    if args.dry_run:
+        return _dry_run(spec, args.top_k, args.confirm_seeds)
     out = check_out_dir(args.out)
     root = sweep_paths(spec, out).root
     if args.resume and (root / "sweep.json").is_file():
@@ -87,6 +92,41 @@ def cmd_search_p(args: argparse.Namespace) -> int:
     print(f"[search-p] report: {res.files['markdown']}")
     print(f"[search-p] study:   optuna-dashboard sqlite:///{res.files['optuna_db']}")
     return 0 if res.best is not None else 1
+
+
+def _dry_run(s1, top_k: int, confirm_seeds: int) -> int:
+    """What search-p would run, and for how long, without Ray or a folder."""
+    from orchestrator.cli.estimate import (
+        estimate_lines,
+        human,
+        measure_costs,
+        trial_threads,
+        wall_estimate,
+    )
+    from orchestrator.sweep.search_p import SearchPError, confirm_specs
+
+    n1 = s1.search.num_samples
+    print(f"search-p {s1.name}: stage 1, {n1} trials by {s1.search.algorithm} over "
+          f"{', '.join(s1.space)}, scheduler {s1.scheduler.type}")
+    costs = measure_costs(s1.base_config(), trial_threads(s1))
+    lines = estimate_lines(s1, n1, costs)
+    for line in lines:
+        print(f"  {line}")
+    try:  # the confirmation sweeps: the top k configurations and p = inf, full budget
+        cs = confirm_specs(s1, [{}], confirm_seeds)[0]
+    except SearchPError as e:
+        raise UsageError(str(e)) from None
+    n_conf = top_k + 1
+    steps = cs.base_config().train.steps
+    print(f"search-p {s1.name}: stage 2, up to {n_conf} configurations (the top {top_k} "
+          f"distinct p at their best lr, and p = inf when stage 1 tried it) x {confirm_seeds} "
+          f"seeds = up to {n_conf * confirm_seeds} trials of {steps} steps (no ASHA), one "
+          "sweep each")
+    w1, _ = wall_estimate(s1, n1, costs)
+    w2, _ = wall_estimate(cs, confirm_seeds, costs)
+    print(f"  estimated wall time: ~{human(n_conf * w2)} ({n_conf} x ~{human(w2)})")
+    print(f"estimated total: ~{human(w1 + n_conf * w2)}; nothing was started or written")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

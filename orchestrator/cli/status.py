@@ -1,4 +1,5 @@
-"""`geosweep status DIR`: the trials of a sweep folder and their status."""
+"""`geosweep status DIR`: the trials of a sweep folder, ranked by the objective, with their
+status and the reason a trial ended early (cli/watch.py's table, printed once)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         return watch(root, manifest, args.watch, printer=lambda s: print(s, flush=True),
                      clear=sys.stdout.isatty())
-    from orchestrator.store.parquet import read_trials
+    from orchestrator.cli.watch import live_table, objective_of, render_table
+    from orchestrator.store.parquet import read_curves, read_trials
 
     trials = read_trials(manifest["parquet_root"], sweep=manifest["name"])
     print(f"sweep {manifest['name']}: {manifest['trials']} trials planned, "
@@ -27,9 +29,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     if len(trials):
         counts = trials["status"].value_counts().to_dict()
         print("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-        cols = [c for c in ("trial", "arm", "status", "final_val_loss", "divergence_reason")
-                if c in trials.columns]
-        print(trials[cols].to_string(index=False))
+        metric, mode = objective_of(root)
+        # trials still running have their latest value in curves/ only
+        running = trials.loc[trials["status"] == "running", "trial"].astype(str).tolist()
+        curves = (read_curves(manifest["parquet_root"], sweep=manifest["name"],
+                              trials=running) if running else trials.iloc[0:0])
+        print(f"  ranked by {metric} ({'lowest' if mode == 'min' else 'highest'} first; "
+              "diverged and failed last)")
+        print(render_table(live_table(trials, curves, metric, mode)))
     return 0
 
 

@@ -81,8 +81,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         _say_resume_point(ckpt)
     try:
         with hb:
-            res = run(cfg, report=report, monitor=StepTracker(monitor, hb, cfg.train.steps),
-                      checkpoint_dir=ckpt, resume=args.resume)
+            tracker = StepTracker(monitor, hb, cfg.train.steps, cfg.train.eval_every,
+                                  cfg.train.metrics_every)
+            res = run(cfg, report=report, monitor=tracker, checkpoint_dir=ckpt,
+                      resume=args.resume)
     except RuntimeError as e:  # a checkpoint of another model under --out
         if not args.resume or "loading state_dict" not in str(e):
             raise

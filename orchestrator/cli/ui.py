@@ -19,9 +19,10 @@ import time
 from orchestrator.cli.checks import sweep_dir
 from orchestrator.cli.errors import UsageError
 
-__all__ = ["cmd_ui", "check_host", "port_free", "free_port", "DEFAULT_PORT"]
+__all__ = ["cmd_ui", "check_host", "port_free", "free_port", "wait_ready", "DEFAULT_PORT"]
 
 DEFAULT_PORT = 5000
+READY_TIMEOUT_S = 300.0  # a loaded 2-core machine was seen taking ~35 s
 
 
 def check_host(host: str) -> str:
@@ -110,6 +111,61 @@ def _check_store(uri: str) -> None:
           "store", flush=True)
 
 
+def _server_cmd(uri: str, host: str, port: int) -> list[str]:
+    """``mlflow server`` on the store: geosweep's app when installed (the model-training view
+    for a fresh browser: orchestrator/store/mlflow_ui_app.py), one worker, no access log."""
+    from importlib.metadata import entry_points
+
+    from orchestrator.store.mlflow_names import UI_APP as APP_NAME
+
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+           "--host", host, "--port", str(port), "--workers", "1",
+           "--uvicorn-opts", "--no-access-log"]
+    if any(e.name == APP_NAME for e in entry_points(group="mlflow.app")):
+        cmd += ["--app-name", APP_NAME]
+    else:  # an install from before the entry point: MLflow's own app (GenAI view by default)
+        print("[geosweep] note: geosweep's MLflow app is not installed (run bash .ci/install "
+              "again); a new browser opens MLflow's GenAI view until switched", flush=True)
+    return cmd
+
+
+def _answers(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float = READY_TIMEOUT_S,
+               every: float = 10.0, printer=print) -> float | None:
+    """Seconds until ``url`` answers 200 (a line every ``every`` s until then), or None when
+    the server exits or ``timeout`` passes first."""
+    t0 = last = time.monotonic()
+    while proc.poll() is None:
+        if _answers(url):
+            return time.monotonic() - t0
+        now = time.monotonic()
+        if now - t0 > timeout:
+            return None
+        if now - last >= every:
+            printer(f"[geosweep] still starting the MLflow UI server ({now - t0:.0f}s)")
+            last = now
+        time.sleep(0.25)
+    return None
+
+
+def _tail(path: str, n: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:]).rstrip()
+    except OSError:
+        return ""
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     root = sweep_dir(args.dir)
     from orchestrator.store.manifest import sweep_targets
@@ -126,42 +182,73 @@ def cmd_ui(args: argparse.Namespace) -> int:
     host = check_host(args.host)
     port = _choose_port(host, args.port)
     _check_store(uri)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-           "--host", host, "--port", str(port), "--workers", "1"]
     if host not in ("127.0.0.1", "localhost"):
         print("[geosweep] warning: the MLflow UI is reachable from the network; protect it",
               file=sys.stderr)
     base = f"http://{host}:{port}"
-    print(f"[geosweep] MLflow UI for {root.name}: {base}  (Ctrl-C stops it)", flush=True)
+    probe = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/health"
     from orchestrator.store.mlflow_names import view_url
     from orchestrator.store.runs import view_experiment
 
     name = str(manifest.get("name") or root.name)
     exp_id = view_experiment(uri, name)
-    if exp_id is not None:  # the runs table with params and losses as columns, arms expanded
-        print(f"[geosweep] the sweep's runs: {view_url(base, exp_id, name)}", flush=True)
+    # the server's own lines (uvicorn's start-up, warnings) go to a log file, said once and
+    # removed after a clean stop (kept, and its tail shown, when the server fails); the
+    # terminal gets the links when the server answers
+    import tempfile
+
+    fd, log_path = tempfile.mkstemp(prefix=f"geosweep-ui-{port}-", suffix=".log")
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    print(f"[geosweep] starting the MLflow UI server for {root.name} (its log: {log_path})",
+          flush=True)
+    with os.fdopen(fd, "w") as log:
+        proc = subprocess.Popen(_server_cmd(uri, host, port), env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        took = wait_ready(proc, probe, printer=lambda s: print(s, flush=True))
+        if took is None and proc.poll() is None:
+            print(f"geosweep: error: the MLflow UI server did not answer on {base} within "
+                  f"{READY_TIMEOUT_S:.0f}s; its log: {log_path}", file=sys.stderr)
+            return 1
+        if took is not None:
+            print(f"[geosweep] MLflow UI for {root.name}: {base}  (up in {took:.0f}s; "
+                  "Ctrl-C stops it)", flush=True)
+            if exp_id is not None:  # runs sorted by the objective, the trials' curves overlaid
+                print(f"[geosweep] the sweep's runs:   {view_url(base, exp_id, name)}",
+                      flush=True)
+                print(f"[geosweep] the sweep's charts: {view_url(base, exp_id, name, 'CHART')}",
+                      flush=True)
         rc = proc.wait()
     except KeyboardInterrupt:
         print("[geosweep] stopping the MLflow UI", file=sys.stderr, flush=True)
         _kill_group(proc)
+        _remove(log_path)  # a clean stop: nothing in it to read
         return 0
     finally:
         for s, h in old.items():
             signal.signal(s, h)
         _kill_group(proc)  # a leader that died may leave its workers behind
     if rc != 0:
+        tail = _tail(log_path)
+        if tail:
+            print(tail, file=sys.stderr)
         print(f"geosweep: error: the MLflow UI server exited with code {rc} "
-              f"(host {host}, port {port}); see the lines above", file=sys.stderr)
+              f"(host {host}, port {port}); its log: {log_path}", file=sys.stderr)
         return 1
+    _remove(log_path)
     return 0
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def add(sub: argparse._SubParsersAction) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["live_table", "objective_of", "watch"]
+__all__ = ["live_table", "objective_of", "render_table", "watch"]
 
 FINAL = ("completed", "diverged", "stopped", "failed")
 
@@ -30,36 +30,77 @@ def objective_of(root: Path) -> tuple[str, str]:
 
 def live_table(trials: pd.DataFrame, curves: pd.DataFrame, metric: str,
                mode: str) -> pd.DataFrame:
-    """One row per trial seen: rank, trial, arm, status, step, time_s, <metric>; ranked by the
-    metric (best first; trials without a value last)."""
+    """One row per trial seen: rank, trial, name, status, step, time_s, <metric>, reason;
+    ranked by the metric (best first; diverged and failed trials, then trials without a value,
+    last). ``name``: the trial's name in MLflow, Parquet and the report (store/run_names.py)."""
+    from orchestrator.store.run_names import reason
+
     split, _, name = metric.partition("/")
     rows: dict[str, dict[str, Any]] = {}
     if len(curves):
-        for tid, c in curves.groupby("trial"):
+        for tid, c in curves.groupby("trial", observed=True):
             obj = c[(c["split"] == split) & (c["metric"] == name)].sort_values("step")
             rows[str(tid)] = {
-                "trial": str(tid), "arm": "", "status": "running",
+                "trial": str(tid), "name": "", "status": "running",
                 "step": int(c["step"].max()), "time_s": float(c["wall_time"].max()),
-                metric: float(obj["value"].iloc[-1]) if len(obj) else math.nan}
+                metric: float(obj["value"].iloc[-1]) if len(obj) else math.nan, "reason": ""}
     if len(trials):
         for rec in trials.to_dict("records"):
             r = rows.setdefault(str(rec["trial"]), {"trial": str(rec["trial"]), metric: math.nan})
-            r["arm"] = rec.get("arm") or ""
-            r["status"] = rec.get("status") or "running"
-            if rec.get("last_step") is not None and not pd.isna(rec.get("last_step")):
+            r["name"] = _text(rec.get("name"))
+            r["status"] = _text(rec.get("status")) or "running"
+            r["reason"] = reason({k: v for k, v in rec.items() if _given(v)}, r["status"]) or ""
+            if _given(rec.get("last_step")):
                 r["step"] = int(rec["last_step"])
-            if rec.get("wall_s") is not None and not pd.isna(rec.get("wall_s")):
+            if _given(rec.get("wall_s")):
                 r["time_s"] = float(rec["wall_s"])
             final = rec.get("final_val_loss") if metric == "val/loss" else None
-            if final is not None and not pd.isna(final) and r["status"] != "diverged":
+            if _given(final) and r["status"] != "diverged":
                 r[metric] = float(final)
-    cols = ["trial", "arm", "status", "step", "time_s", metric]
+            if r["status"] == "diverged":  # its value is a penalty or a loss that blew up
+                r[metric] = math.nan
+    cols = ["trial", "name", "status", "step", "time_s", metric, "reason"]
     df = pd.DataFrame(list(rows.values()), columns=cols)
     if df.empty:
         return df.assign(rank=[]).loc[:, ["rank", *cols]]
-    df = df.sort_values(metric, ascending=(mode == "min"), na_position="last", kind="stable")
+    bad = df["status"].isin(("diverged", "failed"))
+    df = df.assign(_bad=bad).sort_values(["_bad", metric], ascending=[True, mode == "min"],
+                                         na_position="last", kind="stable")
+    df = df.drop(columns="_bad")
     df.insert(0, "rank", range(1, len(df) + 1))
     return df.reset_index(drop=True)
+
+
+def _given(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and not (
+        not isinstance(v, (str, bytes)) and pd.isna(v))
+
+
+def _text(v: Any) -> str:
+    return str(v) if _given(v) else ""
+
+
+def render_table(table: pd.DataFrame) -> str:
+    """The ranked table as text: missing values as ``-`` (never NaN), times in whole seconds,
+    the metric to 4 decimals; numbers right-aligned, names and reasons left-aligned."""
+    metric = table.columns[-2]
+    fmt = {"time_s": "{:.0f}", "step": "{:.0f}", metric: "{:.4f}", "rank": "{:.0f}"}
+
+    def cell(col: str, v: Any) -> str:
+        if not _given(v) or v == "":
+            return "-"
+        return fmt[col].format(v) if col in fmt else str(v)
+
+    cols = list(table.columns)
+    cells = [[cell(c, v) for c, v in zip(cols, row)] for row in table.itertuples(index=False)]
+    width = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(cols)]
+    left = {"trial", "name", "status", "reason"}
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(v.ljust(w) if c in left else v.rjust(w)
+                         for c, v, w in zip(cols, vals, width)).rstrip()
+
+    return "\n".join([line(cols)] + [line(r) for r in cells])
 
 
 def _render(name: str, planned: int, table: pd.DataFrame) -> str:
@@ -69,8 +110,7 @@ def _render(name: str, planned: int, table: pd.DataFrame) -> str:
             f"({time.strftime('%H:%M:%S')})")
     if table.empty:
         return head + "\n  no trial has reported yet"
-    fmt = {"time_s": lambda v: f"{v:.0f}", table.columns[-1]: lambda v: f"{v:.4f}"}
-    return head + "\n" + table.to_string(index=False, formatters=fmt, na_rep="-")
+    return head + "\n" + render_table(table)
 
 
 def watch(root: Path, manifest: dict, every: float, printer=print, clear: bool = True,

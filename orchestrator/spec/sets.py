@@ -86,8 +86,21 @@ def apply_sets(data: Any, items: list[str]) -> dict:
 
 
 def load_spec_with_sets(ref: str, items: list[str] | None):
-    """``load_spec(ref)`` with ``--set`` items applied before validation."""
+    """``load_spec(ref)`` with ``--set`` items applied before validation, for a new sweep
+    (``run``, ``search-p``). A search (random, Optuna) given more than one seed is refused in
+    one line: it runs each sampled configuration once, with ``seeds[0]``, so the other seeds
+    would be ignored (issue 33 §8). A resumed sweep's own spec.yaml may list more seeds: those
+    ``resume --more-seeds`` added; it is not read through here."""
     from orchestrator.spec.yaml_reader import load_spec_data, spec_from_dict
 
     data = load_spec_data(ref)
-    return spec_from_dict(apply_sets(data, items or []))
+    spec = spec_from_dict(apply_sets(data, items or []))
+    if spec.search.algorithm != "grid" and len(spec.seeds) > 1 and spec.seed_budget is None:
+        given = "--set seeds" if any(parse_set(i)[0] == "seeds" for i in items or []) \
+            else "seeds"
+        raise SpecError(
+            f"{given}: search.algorithm {spec.search.algorithm} runs each sampled configuration "
+            f"once, with seed {spec.seeds[0]}, so {len(spec.seeds)} seeds would be "
+            "ignored; give one seed, then repeat the completed configurations with geosweep "
+            "resume DIR --more-seeds N (or use search.algorithm grid)")
+    return spec

@@ -13,7 +13,8 @@ points, so a resumed trial's re-run steps keep the first value; on CPU they are 
 Keys: curve points ``{split, metric}`` -> ``<split>/<metric>``, scalars by their name, both
 through ``mlflow_names.mlflow_key`` (the loss curves are ``Loss/train``, ``Loss/val``: the first
 charts in MLflow's UI; docs/metrics.md §N); params are flattened with dotted keys,
-stringified, truncated to 6000 characters.
+stringified, truncated to 6000 characters. Infinite values are not logged to MLflow (it would
+store them as 1.797e308); Parquet keeps them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _MAX_PARAMS_TAGS = 100
 _MAX_PARAM_LEN = 6000
 _MAX_TAG_LEN = 5000
 _BAD_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
+NOTE_TAG = "mlflow.note.content"  # MLflow's run description (markdown)
 _END_STATUS = END_STATUS  # geosweep status -> MLflow run status (store/run_names.py)
 
 
@@ -79,7 +81,13 @@ def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 def _scalar_items(scalars: dict[str, float], step: int) -> list[tuple]:
     return [(_key(mlflow_key(k)), float(v), int(step), None) for k, v in scalars.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not _infinite(v)]
+
+
+def _infinite(v: float) -> bool:
+    """MLflow stores +-inf as +-1.797e308 (the largest double), which reads as a value and
+    flattens every chart it is on: such points are not logged (Parquet keeps them: inf)."""
+    return math.isinf(v)
 
 
 class MlflowSink:
@@ -217,8 +225,11 @@ class MlflowSink:
         if status not in _END_STATUS:
             raise ValueError(f"status={status!r}: use one of {sorted(_END_STATUS)}")
         run_id = self._run(trial_id)
+        tags = {f"{TAG}status": status, **(tags or {})}
+        if tags.get(f"{TAG}reason"):  # the first thing the run's page shows
+            tags[NOTE_TAG] = f"**{status}**: {tags[f'{TAG}reason']}"
         self._log_metrics(trial_id, *self._result_groups(trial_id, results),
-                          params=params or {}, tags={f"{TAG}status": status, **(tags or {})})
+                          params=params or {}, tags=tags)
         self.client.set_terminated(run_id, status=_END_STATUS[status])
 
     def end_parent(self, status: str = "FINISHED", error: str | None = None) -> None:
@@ -299,7 +310,8 @@ class MlflowSink:
             key = _key(mlflow_key(f"{p['split']}/{p['metric']}"))
             wall = p.get("wall_time")
             ts = t0 + int(1000 * wall) if wall is not None and math.isfinite(wall) else None
-            metrics.append((key, float(p["value"]), int(p["step"]), ts))
+            if not _infinite(float(p["value"])):
+                metrics.append((key, float(p["value"]), int(p["step"]), ts))
         return metrics
 
     def set_tags(self, trial_id: str | None, tags: dict[str, Any]) -> None:

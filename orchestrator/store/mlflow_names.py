@@ -9,9 +9,17 @@ first section and the loss curves are the first charts, above the ~40 ``cont/``,
 ``stream/`` diagnostics (docs/platform.md, "MLflow UI").
 
 The sweep's view: MLflow's "share view" mechanism reads a UI state (selected table columns,
-expanded rows) from the experiment tag ``mlflow.sharedViewState.<key>`` when the URL carries
-``?viewStateShareKey=<key>``. geosweep writes one per sweep so that ``geosweep ui`` can print a
-link whose runs table shows the searched parameters and the losses next to each arm's name.
+the sort, the runs the charts show) from the experiment tag ``mlflow.sharedViewState.<key>`` when
+the URL carries ``?viewStateShareKey=<key>``. geosweep writes one per sweep so that ``geosweep
+ui`` can print a link to the runs table (or the charts) of the sweep. What MLflow 3.17 does
+with it (read from its UI bundle): the rows' expanded state is NOT taken from a shared view
+(``runsExpanded`` is dropped), and children are nested under their parent only while the
+table is sorted by start time with no filter. So the view sorts by the objective (ascending
+when minimised): the table is flat, every trial a row in objective order (the parent, which
+has no curve, last), and every trial's loss curve is drawn on the same chart
+(``runsHiddenMode: SHOW_ALL``; MLflow's default charts only the first 10 rows). Columns: the
+trial's geosweep status (completed, stopped, diverged, failed) and its reason, the searched
+parameters (+ seed), the objective and the two loss curves.
 """
 
 from __future__ import annotations
@@ -21,11 +29,12 @@ import re
 from collections.abc import Iterable
 
 __all__ = ["MLFLOW_KEYS", "mlflow_key", "VIEW_TAG_PREFIX", "view_key", "view_state",
-           "view_url", "run_link", "WORKFLOW_QUERY"]
+           "view_url", "run_link", "WORKFLOW_QUERY", "UI_APP", "UI_DEFAULTS", "seed_script"]
 
 # vocabulary name -> MLflow key (the only names that differ; see the module docstring)
 MLFLOW_KEYS = {"train/loss": "Loss/train", "val/loss": "Loss/val"}
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's own tag prefix for shared views
+UI_APP = "geosweep"  # the mlflow.app entry point geosweep ui serves (store/mlflow_ui_app.py)
 
 
 def mlflow_key(name: str) -> str:
@@ -42,16 +51,24 @@ def _col(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"  # MLflow's canonical column id (makeCanonicalSortKey)
 
 
-def view_state(params: Iterable[str], parent_run_id: str | None,
-               objective: str = "val/loss") -> str:
-    """The shared view as JSON: the parent expanded to its children; columns: status-bearing
-    attributes, every searched parameter (+ seed), the objective and the two loss curves."""
-    metrics = dict.fromkeys([mlflow_key(objective), MLFLOW_KEYS["val/loss"],
-                             MLFLOW_KEYS["train/loss"]])
-    cols = [_col("attributes", "Duration")] + [_col("params", p) for p in params]
-    cols += [_col("metrics", m) for m in metrics]
-    state = {"selectedColumns": cols,
-             "runsExpanded": {parent_run_id: True} if parent_run_id else {}}
+def view_state(params: Iterable[str], parent_run_id: str | None = None,
+               objective: str = "val/loss", mode: str = "min") -> str:
+    """The shared view as JSON: runs sorted by the objective (flat: see the module docstring),
+    all of them charted; columns, in this order: status and reason, the objective and the two
+    loss curves, every searched parameter (+ seed), the duration. Number columns are sized to
+    show 4-5 significant digits (MLflow 3.17's runs table prints a stored double in full and
+    has no display precision; the cell's tooltip and the run's page keep every digit).
+    ``parent_run_id``: kept for callers; MLflow ignores a shared view's expanded rows."""
+    metrics = list(dict.fromkeys([mlflow_key(objective), MLFLOW_KEYS["val/loss"],
+                                  MLFLOW_KEYS["train/loss"]]))
+    status, why = _col("tags", "geosweep.status"), _col("tags", "geosweep.reason")
+    nums = [_col("metrics", m) for m in metrics] + [_col("params", p) for p in params]
+    cols = [status, why, *nums, _col("attributes", "Duration")]
+    widths = {status: 100, why: 330, **dict.fromkeys(nums, 92)}
+    state = {"selectedColumns": cols, "columnOrder": cols, "columnWidths": widths,
+             "runsHiddenMode": "SHOW_ALL",
+             "orderByKey": _col("metrics", mlflow_key(objective)),
+             "orderByAsc": mode != "max"}
     return json.dumps(state)
 
 
@@ -61,12 +78,27 @@ def view_state(params: Iterable[str], parent_run_id: str | None,
 WORKFLOW_QUERY = "workflowType=machine_learning"
 
 
-def view_url(base: str, experiment_id: str, sweep: str) -> str:
-    """The link that opens the sweep's runs table with its shared view applied."""
-    return (f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={view_key(sweep)}"
-            f"&{WORKFLOW_QUERY}")
+def view_url(base: str, experiment_id: str, sweep: str, mode: str = "TABLE") -> str:
+    """The link that opens the sweep's runs with its shared view applied: the table
+    (``mode="TABLE"``) or the charts (``"CHART"``: the runs list beside every metric's chart)."""
+    url = (f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={view_key(sweep)}"
+           f"&{WORKFLOW_QUERY}")
+    return url if mode == "TABLE" else f"{url}&compareRunsMode={mode}"
 
 
 def run_link(experiment_id: str, run_id: str) -> str:
     """A run's page, relative to the UI's address (``#/...``), in the model-training view."""
     return f"#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW_QUERY}"
+
+
+# What a fresh browser of geosweep's UI server starts with (store/mlflow_ui_app.py: what MLflow
+# 3.17's UI reads): localStorage key -> value, set only where the browser has none
+UI_DEFAULTS = {"mlflow.workflowType_v1": "machine_learning",
+               "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": True}
+
+
+def seed_script(defaults: dict = UI_DEFAULTS) -> str:
+    """The inline ``<script>`` that sets the defaults a browser lacks (before MLflow's code)."""
+    pairs = json.dumps({k: json.dumps(v) for k, v in defaults.items()})
+    return ("<script>(function(d){try{for(var k in d){if(localStorage.getItem(k)===null)"
+            f"localStorage.setItem(k,d[k]);}}}}catch(e){{}}}})({pairs});</script>")

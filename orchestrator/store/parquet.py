@@ -45,6 +45,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from orchestrator.store.part_types import PartError, conform, mismatch, raise_bad_part
+from orchestrator.store.run_names import run_name
 
 __all__ = [
     "ParquetSink",
@@ -70,7 +71,10 @@ METRIC_SCHEMA = pa.schema(
 TRIAL_SCHEMA = pa.schema(
     [
         ("trial", pa.string()),
-        ("status", pa.string()),  # running | completed | diverged | failed
+        # the trial's name, the same in MLflow (its run name), status, report and here
+        # (store/run_names.py: searched params + seed, ``p=2 lr=3e-3 s0``)
+        ("name", pa.string()),
+        ("status", pa.string()),  # running | completed | stopped | diverged | failed
         ("arm", pa.string()),
         ("seed", pa.int64()),
         ("last_step", pa.int64()),
@@ -205,6 +209,8 @@ class ParquetSink:
         nested dict -> dotted columns) and ``scalars`` (last reported values -> their keys).
         """
         trial = _check_name("trial", str(record["trial"]))
+        if not record.get("name"):  # as the MLflow child is named (store/run_names.py)
+            record = {**record, "name": run_name(record.get("params") or {})}
         cols: dict[str, pa.Array] = {}
         for f in TRIAL_SCHEMA:
             cols[f.name] = pa.array([_clean(record.get(f.name), f.type)], type=f.type)
@@ -436,8 +442,17 @@ def read_metrics(root: str, sweep: str | None = None) -> pd.DataFrame:
 
 
 def read_trials(root: str, sweep: str | None = None) -> pd.DataFrame:
-    """One row per trial: TRIAL_SCHEMA columns, param and scalar columns, sweep."""
-    return _read(root, "trials", sweep, None)
+    """One row per trial: TRIAL_SCHEMA columns, param and scalar columns, sweep. ``name`` is
+    filled from the params where a dataset written before the column lacks it."""
+    df = _read(root, "trials", sweep, None)
+    if len(df) and ("name" not in df.columns or df["name"].isna().any()):
+        fixed = set(TRIAL_SCHEMA.names) | {"sweep"}
+        params = [c for c in df.columns if c not in fixed and "/" not in c]
+        derived = [run_name({k: _param(r[k]) for k in params if _py(r[k]) is not None})
+                   for r in df.to_dict("records")]
+        have = df["name"] if "name" in df.columns else pd.Series(None, index=df.index)
+        df["name"] = have.where(have.notna(), pd.Series(derived, index=df.index))
+    return df
 
 
 def read_trial_records(root: str, sweep: str) -> list[dict[str, Any]]:

@@ -3,10 +3,15 @@
 A child run is named by its arm, compactly and deterministically, from the trial's searched
 parameters and seed: ``{family: spheret, p: 2, lr: 0.003, seed: 0}`` -> ``spheret p=2 lr=3e-3
 s0``. String values stand alone (a family name says what it is), other values are
-``<last dotted part>=<value>``; a key whose last part is ambiguous keeps its last two parts.
+``<last dotted part>=<value>``; a key whose last part is ambiguous keeps its last two parts;
+keys in sorted order, so a trial's name is the same in MLflow (its run name), Parquet
+(``trials.name``), ``geosweep status`` and the report. The name is for reading; a trial's
+identity is its trial id (MLflow tag ``geosweep.trial_id``).
 
-MLflow's run status tells finished from not: diverged and failed trials are FAILED, trials a
-scheduler (ASHA) stopped are KILLED; the reason is the tag ``geosweep.reason``.
+MLflow's run status tells a trial that went wrong from one that did not: diverged and failed
+trials are FAILED, completed trials and trials a scheduler (ASHA) stopped are FINISHED (the
+scheduler's decision is the search working, and MLflow 3's UI draws KILLED with FAILED's red
+icon); the tag ``geosweep.status`` says which of the four it was, ``geosweep.reason`` why.
 """
 
 from __future__ import annotations
@@ -21,10 +26,10 @@ TAG = "geosweep."  # the prefix of geosweep's MLflow tags (here: importing it ne
 SEED_KEY = "train.seed"  # as orchestrator/spec/params.py (store does not import spec)
 _MAX_NAME = 250
 # geosweep status -> MLflow run status
-END_STATUS = {"completed": "FINISHED", "diverged": "FAILED", "stopped": "KILLED",
+END_STATUS = {"completed": "FINISHED", "diverged": "FAILED", "stopped": "FINISHED",
               "failed": "FAILED"}
-# MLflow 3's UI opens an experiment in its GenAI view unless the experiment tag
-# ``mlflow.experimentKind`` says otherwise (server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT)
+# The experiment's kind, for MLflow's experiment list and older UIs; MLflow 3.17's UI does not
+# read it to pick its view (store/mlflow_ui_app.py: what it reads)
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
@@ -57,7 +62,7 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
 
 def run_name(params: Mapping[str, Any], seed: Any = None) -> str:
     """``spheret p=2 lr=3e-3 s0`` from a trial's flat searched params (+ seed)."""
-    keys = [k for k in params if k != SEED_KEY]
+    keys = sorted(k for k in params if k != SEED_KEY)  # the same name from any dict order
     short = _short_keys(keys)
     parts = []
     for k in keys:
@@ -74,11 +79,16 @@ def reason(rec: Mapping[str, Any], status: str) -> str | None:
     if status == "diverged":
         out = f"diverged: {rec.get('divergence_reason') or 'unknown rule'}"
         if rec.get("divergence_step") is not None:
-            out += f" at step {rec['divergence_step']}"
+            out += f" at step {_int(rec['divergence_step'])}"
         return out + (f" ({rec['divergence_detail']})" if rec.get("divergence_detail") else "")
     if status == "stopped":
         step = rec.get("last_step")
-        return "stopped early by the scheduler (ASHA)" + (f" at step {step}" if step else "")
+        return "stopped early by the scheduler (ASHA)" + (f" at step {_int(step)}" if step else "")
     if status == "failed":
         return f"failed: {rec.get('error') or 'error'}"
     return None
+
+
+def _int(v: Any) -> Any:
+    """A step read back from Parquet through pandas (44.0) as the integer it is."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v

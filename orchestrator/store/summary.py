@@ -3,9 +3,12 @@ trial's run (id, name and a link the UI opens), written when a sweep ends.
 
 Parent metrics (one value, step 0): ``sweep/best_objective``, ``sweep/n_trials`` and
 ``sweep/n_<status>`` for every final status; tags ``geosweep.objective`` (the metric's name),
-``geosweep.best.{trial, run_id, run_name, link}``; and on the experiment the sweep's shared view
-(store/mlflow_names.py: the runs table with the searched parameters and losses as columns, the
-parent expanded to its children), which ``geosweep ui`` links to.
+``geosweep.best.{trial, run_id, run_name, link}`` and the run's description
+(``mlflow.note.content``, the first thing its page shows): the counts by status, the best
+trial by name with its value and a link to it; and on the experiment the sweep's shared view
+(store/mlflow_names.py: every trial a row sorted by the objective, with its status, reason,
+searched parameters and losses as columns, and every trial's loss curve on one chart), which
+``geosweep ui`` links to.
 """
 
 from __future__ import annotations
@@ -13,18 +16,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from orchestrator.store.mlflow import TAG, MlflowSink
+from orchestrator.store.mlflow import NOTE_TAG, TAG, MlflowSink
 from orchestrator.store.mlflow_names import (
     VIEW_TAG_PREFIX,
     mlflow_key,
     run_link,
     view_key,
     view_state,
+    view_url,
 )
 
-__all__ = ["log_sweep_summary", "best_record", "STATUSES"]
+__all__ = ["log_sweep_summary", "best_record", "summary_note", "STATUSES", "NOTE_TAG"]
 
 STATUSES = ("completed", "diverged", "stopped", "failed", "running")
+_SAID = {"completed": "completed", "stopped": "stopped early by the scheduler",
+         "diverged": "diverged", "failed": "failed", "running": "still running"}
 
 
 def _finite(x: Any) -> bool:
@@ -61,10 +67,13 @@ def log_sweep_summary(sink: MlflowSink, records: list[dict[str, Any]], metric: s
             tags[f"{TAG}best.run_id"] = run_id
             tags[f"{TAG}best.run_name"] = run.info.run_name
             tags[f"{TAG}best.link"] = run_link(sink.experiment_id, run_id)
+    view = view_url("", sink.experiment_id, sink.sweep).lstrip("/")  # relative: "#/..."
+    tags[NOTE_TAG] = summary_note(sink.sweep, counts, metric, best, tags, view)
     sink.log_scalars(None, metrics, step=0)
     sink.set_tags(None, tags)
     sink.client.set_experiment_tag(sink.experiment_id, VIEW_TAG_PREFIX + view_key(sink.sweep),
-                                   view_state(_param_keys(records), sink.parent_id, metric))
+                                   view_state(_param_keys(records), sink.parent_id, metric,
+                                              mode))
     return {"metrics": metrics, "tags": tags}
 
 
@@ -73,3 +82,26 @@ def _param_keys(records: list[dict[str, Any]]) -> list[str]:
     keys = dict.fromkeys(k for r in records for k in (r.get("params") or {}))
     seed = [k for k in keys if k == "train.seed"]
     return [k for k in keys if k != "train.seed"] + seed
+
+
+def summary_note(sweep: str, counts: dict[str, int], metric: str, best: dict[str, Any] | None,
+                 tags: dict[str, Any], view: str | None = None) -> str:
+    """The parent run's description: what the sweep did and which trial won (markdown)."""
+    n = sum(counts.values())
+    parts = ", ".join(f"{k} {_SAID[s]}" for s, k in counts.items() if k)
+    lines = [f"**Sweep `{sweep}`**: {n} trials ({parts or 'none recorded'})."]
+    if best is None:
+        lines.append(f"No trial completed with a finite `{metric}`: no best trial.")
+    else:
+        name = tags.get(f"{TAG}best.run_name") or best["trial"]
+        link = tags.get(f"{TAG}best.link")
+        shown = f"[{name}]({link})" if link else f"`{name}`"
+        lines.append(f"Best trial: {shown} (trial `{best['trial']}`), `{metric}` = "
+                     f"{float(best['objective']):.4g}.")
+    if view:
+        lines.append(f"Every trial, sorted by `{metric}`: [the sweep's runs]({view}), "
+                     f"[their curves on one chart]({view}&compareRunsMode=CHART).")
+    lines.append("Every trial is a run of this experiment, named by its searched parameters "
+                 "and seed; `geosweep.status` says completed, stopped, diverged or failed and "
+                 "`geosweep.reason` why.")
+    return "\n\n".join(lines)

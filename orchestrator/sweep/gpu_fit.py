@@ -84,14 +84,15 @@ def check_gpu_fit(configs: Iterable[tuple[str, WorkloadConfig]], share: float,
             f"{_gib(have)}; {hint}")
 
 
-def plan_configs(base: WorkloadConfig, space: dict[str, Any],
-                 apply: Any) -> list[tuple[str, WorkloadConfig]]:
-    """The base workload and the base with each discrete ``model.*`` / ``train.*`` value of the
-    space, one key at a time (the grid itself is never built). ``apply(cfg, flat)``: the
+def plan_configs(base: WorkloadConfig, space: dict[str, Any], apply: Any,
+                 prefixes: tuple[str, ...] = ("model.", "train.")
+                 ) -> list[tuple[str, WorkloadConfig]]:
+    """The base workload and the base with each discrete value of the space's keys under
+    ``prefixes``, one key at a time (the grid itself is never built). ``apply(cfg, flat)``: the
     override function (workloads.config.apply_overrides)."""
     out = [(f"workload {base.preset or 'base'}", base)]
     for key, p in space.items():
-        if not key.startswith(("model.", "train.")) or not p.discrete:
+        if not key.startswith(prefixes) or not p.discrete:
             continue
         for v in p.candidates():
             try:

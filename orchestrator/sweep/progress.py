@@ -1,11 +1,55 @@
-"""The sweep's progress line: one compact line every few seconds instead of Tune's tables."""
+"""The sweep's progress line: one compact line every few seconds instead of Tune's tables.
+
+One clock: "elapsed" is the time since the command started (the process's start, as the
+heartbeat's "still working ... (Ns elapsed)" lines count it), not since Tune's first step.
+
+The ETA is there from a trial's first report, not only after the first trial ends: work is
+counted in training steps (each result says the step it reached and the trial's budget,
+``_budget``), a trial that ended (completed, stopped, diverged, failed) counts its whole budget
+as done (its slot is free), and the rate so far (steps per second since the first trial
+started) gives the time the remaining steps take. ASHA stopping trials early makes it
+pessimistic; it shrinks as trials end.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import time
 
-__all__ = ["make_progress"]
+__all__ = ["make_progress", "command_start", "eta_seconds"]
+
+
+def command_start() -> float:
+    """Unix time the current process started (Linux: /proc), else the first call's time."""
+    global _START
+    if _START is None:
+        try:
+            with open("/proc/self/stat") as f:
+                ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+            with open("/proc/stat") as f:
+                boot = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+            _START = boot + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, StopIteration):
+            _START = time.time()
+    return _START
+
+
+_START: float | None = None
+
+
+def eta_seconds(total: int, budget: float | None, reached: dict[str, float],
+                ended: set[str], work_s: float) -> float | None:
+    """Seconds left, from steps done per second so far (None: nothing to go on yet).
+    ``reached``: trial -> step reached; ``ended``: trials that are over (their budget done)."""
+    if not budget or work_s <= 0:
+        return None
+    done = sum(budget if t in ended else min(s, budget) for t, s in reached.items())
+    done += budget * len(ended - set(reached))
+    if done <= 0:
+        return None
+    left = total * budget - done
+    return max(0.0, left / (done / work_s))
 
 
 def make_progress():
@@ -20,12 +64,25 @@ def make_progress():
             self.total, self.metric, self.mode = total, metric, mode
             self.label = label or metric
             self.every_s, self.printer = every_s, printer
-            self.t0 = time.time()
+            self.t0 = command_start()
+            self.t_first: float | None = None  # the first trial's start: work time from here
             self.last = 0.0
             self.best: float | None = None
             self.diverged: set[str] = set()
+            self.reached: dict[str, float] = {}
+            self.budget: float | None = None
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            if self.t_first is None:
+                self.t_first = time.time()
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
+            if self.t_first is None:
+                self.t_first = time.time()
+            if result.get("step") is not None:
+                self.reached[trial.trial_id] = float(result["step"])
+            if result.get("_budget"):
+                self.budget = float(result["_budget"])
             if result.get("_status") == "diverged":
                 self.diverged.add(trial.trial_id)
                 return
@@ -50,11 +107,15 @@ def make_progress():
             running = sum(s == "RUNNING" for s in st)
             failed = sum(s == "ERROR" for s in st)
             div = len(self.diverged)
-            elapsed = time.time() - self.t0
+            now = time.time()
+            elapsed = now - self.t0
             total = max(self.total, len(trials))
-            eta = "?"
-            if done + failed:
-                eta = f"{elapsed / (done + failed) * (total - done - failed):.0f}s"
+            ended = {t.trial_id for t in trials if t.status in ("TERMINATED", "ERROR")}
+            work = now - self.t_first if self.t_first is not None else 0.0
+            left = eta_seconds(total, self.budget, self.reached, ended, work)
+            if done + failed >= total:
+                left = 0.0
+            eta = "?" if left is None else f"{left:.0f}s"
             best = "-" if self.best is None else f"{self.best:.4f}"
             return (f"[geosweep] {done}/{total} done, {running} running, {div} diverged, "
                     f"{failed} failed | best {self.label} {best} | {elapsed:.0f}s elapsed, "

@@ -145,7 +145,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             from orchestrator.store.weights import keep_weights
 
             keep_weights(spec, paths.root, records, mlflow.client, printer=printer)
-            log_sweep_summary(mlflow, records, _objective(), spec.search.mode)
+            log_sweep_summary(mlflow, records, spec.search.metric, spec.search.mode)
     except BaseException as e:  # a sweep that raises (or a second Ctrl-C) is not FINISHED
         if store is not None:  # None: the store failed (its error is what is raised)
             mlflow = store.wait(quiet=True)

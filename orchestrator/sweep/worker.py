@@ -45,6 +45,8 @@ def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: fl
         value = penalty_value(rules, initial_loss, out.get("val/best_loss", math.inf),
                               worst_loss)
     out[OBJECTIVE] = value
+    if not math.isfinite(out.get("val/best_loss", 0.0)):  # inf: "no finite eval yet", not data
+        del out["val/best_loss"]
     if rep.divergence is not None:
         out["diverged"] = 1.0
     out["_curve"] = [vars(p) for p in rep.curve]
@@ -112,6 +114,8 @@ def train_worker(config: dict[str, Any]) -> None:
                   "checkpoint_report_ms": blocks[True][-_BLOCKS_KEPT:]}
         payload = make_payload(rep, ctx, metric, state["initial_loss"], rules, timing,
                                worst_loss=monitor.worst_loss)
+        if not cfg.train.epochs:  # the progress line's ETA counts steps (sweep/progress.py)
+            payload["_budget"] = cfg.train.steps
         if first and rank == 0:
             # as JSON text: Tune would keep min/max/avg and the last values of every numeric
             # key of a dict in its state of the trial (~50 keys), saved with the experiment

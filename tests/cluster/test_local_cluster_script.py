@@ -93,6 +93,9 @@ def test_start_submit_quickstart_wait_stop(tmp_path: Path):
         assert sub.returncode == 0, sub.stdout[-4000:] + sub.stderr[-2000:]
         assert "[geosweep] finished" in sub.stdout, sub.stdout[-4000:]
         assert sub.stdout.rstrip().endswith(": SUCCEEDED")
+        # issue 33 §16: no MLflow "View run" line per trial, no Ray packaging chatter
+        assert "View run" not in sub.stdout and "packaging.py" not in sub.stdout + sub.stderr
+        assert "[local_cluster] all up in" in started.stdout  # it said what it was doing
         assert env["RAY_AUTH_TOKEN"] not in sub.stdout + sub.stderr + started.stdout
 
         from mlflow.tracking import MlflowClient

@@ -189,7 +189,8 @@ def _newton(G: torch.Tensor, W: torch.Tensor, P: Projector, opts: DualOptions,
     # residual against the given W meets tol
     c = torch.linalg.vector_norm(W, dim=-2).amax(-1).clamp_min(torch.finfo(dtype).tiny)
     W = W / c[..., None, None]
-    pb = GramProblem(G, W, P, dtype)  # the Grams in the tall dtype, the rest in the small
+    # the Grams in the tall dtype, the rest in the small, CG in fp32 but for exact
+    pb = GramProblem(G, W, P, dtype, cg_dtype=torch.float64 if opts.mode == "exact" else _F32)
     # (half of it: the solver stops on its Gram-space residual, and the A formed from the
     # Grams carries the working dtype's round-off on top, ~10-30% of it in fp32)
     tol, n, square = 0.5 * opts.stop_tol / c, W.shape[-1], W.shape[-2] == W.shape[-1]

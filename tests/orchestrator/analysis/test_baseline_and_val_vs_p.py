@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.analysis import figures as F
+from orchestrator.analysis import val_vs_p as F
 from orchestrator.analysis.baseline import choose_baseline
 from orchestrator.analysis.load import ReportConfig, ReportError, SweepData
 from orchestrator.analysis.tables import _arms_md, arm_table
@@ -81,7 +81,7 @@ def test_val_vs_p_shows_every_p_and_inf_inside_the_axes(tmp_path, monkeypatch):
     monkeypatch.setattr(F, "_figure", capture)
     t = _trials(ROWS)
     t["arm"] = "model.residual.family=spheret"  # one series, p on the x axis
-    why = F._fig_val_vs_p(_data(t), ReportConfig(), ["model.residual.family=spheret"],
+    why = F.fig_val_vs_p(_data(t), ReportConfig(), ["model.residual.family=spheret"],
                           {"model.residual.family=spheret": "C0"}, tmp_path / "v.png")
     assert why is None and (tmp_path / "v.png").stat().st_size > 5000
     ax = figs[0].axes[0]

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.analysis import timing
-from orchestrator.analysis.figures import MAX_CURVE_ARMS, _figure, _reference_levels
+from orchestrator.analysis.figures import _figure
 from orchestrator.analysis.importance import (
     FANOVA_MAX_TRIALS,
     MAX_LEVELS,
@@ -19,6 +19,8 @@ from orchestrator.analysis.importance import (
 )
 from orchestrator.analysis.load import ReportConfig, SweepData, sorted_order, trial_spikes
 from orchestrator.analysis.stats import spike_count
+from orchestrator.analysis.val_vs_p import MAX_LEVELS as MAX_REF_LEVELS
+from orchestrator.analysis.val_vs_p import reference_levels
 
 
 def _curves() -> pd.DataFrame:
@@ -94,12 +96,12 @@ def test_reference_levels_per_arm_then_per_family():
     def arms_of(k: int, fam: str) -> list[str]:
         return [f"model.residual.family={fam},optim.lr={i}" for i in range(k)]
 
-    for k, lines in ((3, 3), (MAX_CURVE_ARMS + 1, 1)):
+    for k, lines in ((3, 3), (MAX_REF_LEVELS + 1, 1)):
         ref = arms_of(k, "pre_ln")
         t = pd.DataFrame({"arm": ref * 2, "status": "completed",
                           "final_val_loss": np.arange(2 * k, dtype=float)})
         ax = _figure(4, 3).subplots()
-        _reference_levels(ax, t, ref, ref, {a: "k" for a in ref}, 0.95)
+        reference_levels(ax, t, ref, ref, {a: "k" for a in ref}, 0.95)
         assert len(ax.lines) == lines
     assert ax.lines[0].get_label() == "pre_ln"
     assert ax.lines[0].get_ydata()[0] == t["final_val_loss"].mean()

@@ -82,13 +82,24 @@ def test_parse_set_value():
 def test_load_spec_with_sets_validates():
     spec = load_spec_with_sets("quickstart", [
         "budget.steps=60", "budget.eval_every=20", "scheduler.max_t=60",
-        "scheduler.grace_period=20", "search.num_samples=4", "seeds=2",
+        "scheduler.grace_period=20", "search.num_samples=4",
         "workload.overrides.optim.lr=3e-3"])
     assert spec.budget.steps == 60 and spec.search.num_samples == 4
-    assert spec.seeds == [0, 1]
     assert spec.workload.overrides["optim.lr"] == 3e-3
     with pytest.raises(SpecError, match=r"^budget\.stepz: unknown field; valid: steps"):
         load_spec_with_sets("quickstart", ["budget.stepz=5"])
+    assert load_spec_with_sets("norm_ablation", ["seeds=2"]).seeds == [0, 1]  # a grid
+
+
+def test_set_seeds_on_a_search_is_refused_in_one_line():
+    """issue 33 §8: an Optuna spec ran seeds[0] only and said nothing of the rest."""
+    with pytest.raises(SpecError) as e:
+        load_spec_with_sets("quickstart", ["seeds=2"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--set seeds: search.algorithm optuna-tpe runs "
+                                                "each sampled configuration once, with seed 0")
+    assert "--more-seeds" in msg
+    assert load_spec_with_sets("quickstart", ["seeds=1"]).seeds == [0]  # one seed: fine
 
 
 def test_run_dry_run_with_sets(capsys):
@@ -100,6 +111,18 @@ def test_run_dry_run_with_sets(capsys):
     rc, out, err = run_cli(["run", "quickstart", "--dry-run", "--set", "budget.steps=abc"],
                            capsys)
     assert rc == 2 and err.count("\n") == 1 and "budget.steps" in err
+
+
+def test_search_p_dry_run_starts_and_writes_nothing(capsys, tmp_path):
+    """issue 33 §16: search-p had no --dry-run."""
+    rc, out, err = run_cli(["search-p", "--dry-run", "--out", str(tmp_path / "out"),
+                            "--set", "search.num_samples=6", "--top-k", "2",
+                            "--confirm-seeds", "2"], capsys)
+    assert rc == 0, err
+    assert "stage 1, 6 trials by optuna-tpe" in out
+    assert "up to 3 configurations" in out and "x 2 seeds = up to 6 trials" in out
+    assert "estimated total: ~" in out and "nothing was started or written" in out
+    assert not (tmp_path / "out").exists()
 
 
 def test_search_p_set_error_is_one_line(capsys, tmp_path):
@@ -184,6 +207,13 @@ def test_list_reads_the_registries(capsys):
     assert listing("families").splitlines()[0] == SECTIONS["families"][0] + ":"
     rc, _, err = run_cli(["list", "nope"], capsys)
     assert rc == 2 and "invalid choice" in err
+    # a description is a whole sentence, not a docstring's first line (issue 33 §16)
+    dgram = next(ln for ln in out.splitlines() if ln.split()[:1] == ["dgram"])
+    assert dgram.endswith("``colnorm_polar``."), dgram
+    from orchestrator.cli.listing import _first_line
+
+    assert _first_line("One line. Two.\n\nMore.") == "One line."
+    assert _first_line("Runs p = 2 (see\n    eq. 3) fast.\n") == "Runs p = 2 (see eq. 3) fast."
 
 
 def _walk(parser: argparse.ArgumentParser, path: str):
@@ -285,27 +315,67 @@ def test_heartbeat_prints_when_silent_and_tracks_steps():
     assert tracker.state_dict() == {}
 
 
+def test_heartbeat_says_evaluating_not_the_last_step():
+    """issue 33 §12: for the last 60 s of `train` the heartbeat said `step 30/30` while the
+    validation set was scored."""
+    hb = Heartbeat("x", every=10.0, stream=io.StringIO())
+    tracker = StepTracker(None, hb, total=30, eval_every=10, metrics_every=20)
+
+    class Info:
+        step = 9
+
+    tracker.check(Info())
+    assert hb.phase.startswith("training: step 9/30")
+    Info.step = 10
+    tracker.check(Info())
+    assert hb.phase == "evaluating on the validation set after step 10/30"
+    Info.step = 20
+    tracker.check(Info())
+    assert hb.phase == "evaluating on the validation set and collecting metrics after step 20/30"
+    Info.step = 30
+    tracker.check(Info())
+    assert hb.phase == "evaluating on the validation set and collecting metrics after step 30/30"
+
+
 # --- dry-run estimate -----------------------------------------------------------------------
-def test_estimate_lines_arithmetic():
-    from orchestrator.cli.estimate import TRIAL_OVERHEAD_S, estimate_lines
+def test_estimate_lines_arithmetic(monkeypatch):
+    from orchestrator.cli import estimate as E
     from orchestrator.spec.yaml_reader import load_spec
 
-    spec = load_spec("quickstart")  # 8 trials x 300 steps, ASHA, 2 at a time
-    lines = estimate_lines(spec, 8, step_s=0.05)
-    assert lines[0] == "total: at most 2400 training steps (8 trials x 300 steps)"
-    want = 2400 * 0.05 / 2 + 4 * TRIAL_OVERHEAD_S  # 72 s
-    assert lines[1].startswith(f"estimated wall time: ~{want:.0f} s (50.0 ms/step measured")
+    monkeypatch.setattr(E.os, "cpu_count", lambda: 16)
+    spec = load_spec("quickstart")  # 8 trials x 300 steps, ASHA 100/2/300, 2 at a time
+    costs = E.TrialCosts(step_s=0.05, eval_s=0.1, metrics_s=0.5, setup_s=1.0)
+    lines = E.estimate_lines(spec, 8, costs)
+    assert lines[0] == ("total: at most 2400 training steps (8 trials x 300 steps); ASHA stops "
+                        "most trials early: ~1400 expected (175 per trial)")
+    # per trial: setup + 175 steps + 3.5 evals + 2.75 metric passes + its start
+    per = 1.0 + 175 * 0.05 + 3.5 * 0.1 + 2.75 * 0.5 + E.TRIAL_START_S["in_trial"]
+    want = E.RAY_START_S + E.WORKER_START_S + 8 * per / 2 + E.SWEEP_END_S  # ~78 s
+    assert lines[1].startswith(f"estimated wall time: ~{want:.0f} s (measured here on gpt-debug")
+    assert "50.0 ms/step, 0.10 s/eval, 0.50 s/metrics pass" in lines[1]
     mlp = load_spec("continuity_mlp")
-    assert "epochs" in estimate_lines(mlp, 45, step_s=1.0)[0]
+    assert "epochs" in E.estimate_lines(mlp, 45, costs)[0]
+
+
+def test_asha_expected_steps():
+    from orchestrator.cli.estimate import asha_expected_steps
+
+    assert asha_expected_steps(300, 100, 2.0, 300) == 175.0  # 100 + 100/2 + 100/4
+    assert asha_expected_steps(300, 300, 2.0, 300) == 300.0  # no rung below the end
+    assert asha_expected_steps(100, 10, 3.0, 100) == pytest.approx(10 + 20 / 3 + 60 / 9 + 10 / 27)
 
 
 @pytest.mark.parametrize("preset", ["gpt-debug", "mlp-debug"])
-def test_measure_step_s_is_a_real_time(preset):
-    from orchestrator.cli.estimate import measure_step_s
+def test_measure_costs_are_real_times(preset):
+    """The probe trains through the real loop: a warm step and a metrics pass are real positive
+    times (the metrics pass dearer than a step: SVDs of every matrix); an eval of the debug
+    presets' few batches can be below the clock's noise, so it is only never negative."""
+    from orchestrator.cli.estimate import measure_costs
     from workloads.config import preset as make
 
-    s = measure_step_s(make(preset), steps=2)
-    assert 0 < s < 60
+    c = measure_costs(make(preset))
+    assert 0 < c.step_s < 60 and 0 <= c.eval_s < 60 and c.setup_s >= 0
+    assert c.metrics_s > c.step_s
 
 
 def test_heartbeat_printer_pickles_like_tune_does():
@@ -324,3 +394,22 @@ def test_heartbeat_printer_pickles_like_tune_does():
     copy("[geosweep] from a copy")
     printer("[geosweep] from the original")
     assert buf.getvalue() == "[geosweep] from the original\n"
+
+
+def test_progress_eta_from_the_first_report_and_one_clock():
+    """issue 33 §14: `ETA ?` until the first trial ended, and the progress line's clock started
+    after Ray (0 s elapsed while the heartbeat had said 11 s)."""
+    from orchestrator.sweep.progress import command_start, eta_seconds
+
+    # 4 trials of 100 steps, two running at step 25 after 10 s of work: 50 of 400 steps
+    assert eta_seconds(4, 100, {"a": 25, "b": 25}, set(), 10.0) == pytest.approx(70.0)
+    # a stopped trial's slot is free: its whole budget counts as done
+    assert eta_seconds(4, 100, {"a": 25, "b": 50}, {"b"}, 10.0) == pytest.approx(
+        (400 - 125) / 12.5)
+    assert eta_seconds(4, None, {"a": 25}, set(), 10.0) is None  # no budget known yet
+    assert eta_seconds(4, 100, {}, set(), 10.0) is None  # nothing reported yet
+    start = command_start()
+    assert start <= time.time() and start == command_start()
+    hb = Heartbeat("x", stream=io.StringIO())
+    # the heartbeat counts from the same start: elapsed since the process started
+    assert abs((time.monotonic() - hb._t0) - (time.time() - start)) < 0.5

@@ -1,13 +1,19 @@
-"""The MLflow UI in a real browser (issues 7 §6 and 14 §1): ``geosweep ui`` on a finished sweep
-with one deliberately diverged trial (lr = 1e30: NaN by step 2, see test_nan_storm.py), opened in
-headless Chromium through selenium + chromedriver (Debian's ``chromium`` and ``chromium-driver``).
-Through the link ``geosweep ui`` prints, the runs table shows the parent expanded to child runs
-named by arm, with parameter and loss columns; the diverged child is Failed; a child's charts
-start with the loss section. The same sweep checks one metric vocabulary: its MLflow keys are its
-Parquet names (but the documented loss keys) and docs/metrics.md defines every one.
+"""The MLflow UI in a real browser (issues 7 §6, 14 §1 and 33): ``geosweep ui`` on a finished
+real sweep, opened in headless Chromium (Debian's ``chromium`` and ``chromium-driver``, through
+selenium) with a fresh profile. The sweep runs three trials one at a time: a completed one, one
+ASHA stops at its first rung (it trails the first trial there) and one that diverges (lr = 1e30:
+NaN by step 2, see test_nan_storm.py).
 
-Screenshots go to ``tmp_path``; with ``GEOSWEEP_UPDATE_SCREENSHOT=1`` the runs table also to
-``docs/img/mlflow_runs.png`` (the README's picture).
+What a new user sees, asserted: every page in the model-training view, a run's page reached
+without the link's ``workflowType`` included (a control page with the browser switched to GenAI
+shows what that would look like), and no Assistant panel; the sweep's runs table flat and sorted
+by the objective, the run names, the status and reason columns of the diverged and the stopped
+run; the charts view with every trial's loss curve on one chart; the parent's summary on its
+page. The same sweep checks one metric vocabulary: its MLflow keys are its Parquet names (but
+the documented loss keys) and docs/metrics.md defines every one.
+
+Screenshots go to ``tmp_path``; with ``GEOSWEEP_UPDATE_SCREENSHOT=1`` the runs table and the
+charts also to ``docs/img/`` (the README's pictures).
 """
 
 from __future__ import annotations
@@ -38,13 +44,16 @@ workload:
   overrides: {model.residual.family: spheret, optim.grad_clip: 0.0, optim.warmup_steps: 4}
 space:
   model.residual.p: {grid: [2.0]}
-  optim.lr: {grid: [3.0e-3, 1.0e30]}
+  optim.lr: {grid: [3.0e-3, 1.0e-4, 1.0e30]}
 seeds: [0]
-search: {algorithm: grid, max_concurrent: 2}
+search: {algorithm: grid, max_concurrent: 1}
+scheduler: {type: asha, grace_period: 4, reduction_factor: 2, max_t: 12}
 budget: {steps: 12, eval_every: 4, metrics_every: 4}
 resources: {workers_per_trial: 1, cpus_per_worker: 1}
 """
-ARMS = {"p=2 lr=3e-3 s0": "FINISHED", "p=2 lr=1e30 s0": "FAILED"}
+# one at a time, in grid order: the first trial sets the rung, the second trails it there
+ARMS = {"p=2 lr=3e-3 s0": ("FINISHED", "completed"), "p=2 lr=1e-4 s0": ("FINISHED", "stopped"),
+        "p=2 lr=1e30 s0": ("FAILED", "diverged")}
 
 
 def _free_port() -> int:
@@ -67,31 +76,33 @@ def sweep(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def ui(sweep: Path, tmp_path: Path):
-    """``geosweep ui`` in its own process group; yields the sweep's link it prints (the shared
-    view of its runs table); killed afterwards."""
+    """``geosweep ui`` in its own process group; yields the links it prints once its server
+    answers (``base``, the sweep's ``runs`` table and ``charts``); killed afterwards."""
     port = _free_port()
     log = open(tmp_path / "ui.log", "w")  # noqa: SIM115 - closed below
+    t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", str(sweep),
                              "--port", str(port)], cwd=ROOT, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).read()
+        deadline = time.monotonic() + 240
+        while True:  # the links are printed only once the server answers
+            text = (tmp_path / "ui.log").read_text()
+            charts = re.search(r"the sweep's charts:\s+(\S+)", text)
+            if charts:
                 break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    pytest.fail("MLflow UI did not come up:\n"
-                                + (tmp_path / "ui.log").read_text()[-3000:])
-                time.sleep(0.5)
-        log.flush()
-        link = re.search(r"the sweep's runs: (\S+)", (tmp_path / "ui.log").read_text())
-        assert link, (tmp_path / "ui.log").read_text()[-3000:]
-        assert link.group(1).startswith(url + "/#/experiments/")
-        yield link.group(1)
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("geosweep ui printed no link:\n" + text[-3000:])
+            time.sleep(0.2)
+        ready_s = time.monotonic() - t0
+        urllib.request.urlopen(url + "/health", timeout=5).read()  # answers at once
+        runs = re.search(r"the sweep's runs:\s+(\S+)", text)
+        assert runs and runs.group(1).startswith(url + "/#/experiments/"), text
+        assert "GET /" not in text, text  # no line per HTTP request
+        print(f"geosweep ui: links printed {ready_s:.1f}s after the start")
+        yield {"base": url, "runs": runs.group(1), "charts": charts.group(1),
+               "ready_s": ready_s}
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -165,75 +176,136 @@ def _section_titles(driver) -> list[str]:
             if i and re.fullmatch(r"\(\d+\)", ln)]
 
 
+def _body(d) -> str:
+    return d.find_element("tag name", "body").text
+
+
+def _shot(driver, path: Path) -> Path:
+    driver.save_screenshot(str(path))
+    assert path.stat().st_size > 10_000
+    return path
+
+
+# what MLflow 3.17 shows in its GenAI view and not in the model-training one (a run's page:
+# the breadcrumb says Evaluations, the sidebar lists the GenAI sections)
+GENAI_ONLY = ("Evaluations", "Observability", "Judges")
+
+
+def _model_training_view(d, what: str) -> None:
+    text = _body(d)
+    assert not [w for w in GENAI_ONLY if w in text.split("\n")], (what, text[:800])
+    assert "MLflow Assistant" not in text, (what, text[:800])
+    assert d.execute_script("return localStorage.getItem('mlflow.workflowType_v1')") == \
+        '"machine_learning"', what
+
+
+def _rows(d) -> list[dict[str, str]]:
+    """The runs table's rows as {column header: cell text}, in the table's order (ag-grid
+    renders each row as a [role=row] with [role=gridcell]s carrying a col-id)."""
+    heads = {e.get_attribute("col-id"): e.text for e in
+             d.find_elements("css selector", "[role=columnheader][col-id]")}
+    rows: dict[int, dict[str, str]] = {}
+    for cell in d.find_elements("css selector", "[role=row][row-index] [role=gridcell][col-id]"):
+        row = cell.find_element("xpath", "./ancestor::*[@role='row'][1]")
+        idx = int(row.get_attribute("row-index"))
+        rows.setdefault(idx, {})[heads.get(cell.get_attribute("col-id"),
+                                           cell.get_attribute("col-id"))] = cell.text
+    return [rows[i] for i in sorted(rows)]
+
+
 @pytest.mark.timeout(600)
-def test_mlflow_ui_renders_the_sweep(sweep: Path, ui: str, browser, tmp_path: Path):
+def test_mlflow_ui_shows_the_sweep(sweep: Path, ui: dict, browser, tmp_path: Path):
     client, exp, parent, children = _runs(sweep)
-    # child runs named by arm; the diverged one FAILED with its reason
-    assert {k: r.info.status for k, r in children.items()} == ARMS, sorted(children)
-    bad = children["p=2 lr=1e30 s0"]
+    # child runs named by arm; MLflow status and geosweep status per trial
+    assert {k: (r.info.status, r.data.tags["geosweep.status"]) for k, r in children.items()} \
+        == ARMS, sorted(children)
+    bad, stopped, ok = (children[n] for n in ("p=2 lr=1e30 s0", "p=2 lr=1e-4 s0",
+                                               "p=2 lr=3e-3 s0"))
     assert bad.data.tags["geosweep.reason"].startswith("diverged: "), bad.data.tags
+    assert stopped.data.tags["geosweep.reason"] == \
+        "stopped early by the scheduler (ASHA) at step 4"
     assert {r.data.tags["mlflow.parentRunId"] for r in children.values()} == {parent.info.run_id}
+    assert "val/best_loss" not in bad.data.metrics  # no 1.797e308 sentinel (issue 33 §7)
+    t_page = time.monotonic()
 
-    # 1. the sweep's link: its runs table with parameter and loss columns
-    browser.get(ui)
-    _wait(browser, _text_present(parent.info.run_name), what="the parent run")
-    def close_panels(d) -> bool:  # the "MLflow Assistant" side panel: not part of what we show
-        for close in d.find_elements("css selector", "button[aria-label='Close']"):
-            close.click()
-        return True
+    # 1. the first link geosweep ui prints: the model-training view, no Assistant panel
+    browser.get(ui["base"])
+    _wait(browser, _text_present("Welcome to MLflow"), what="MLflow's home page")
+    _model_training_view(browser, "home")
 
-    _wait(browser, close_panels, what="closing side panels")
-
-    def headers(d):
-        return [e.text for e in d.find_elements("css selector", "[role=columnheader]")]
-
-    want = {"model.residual.p", "optim.lr", "train.seed", "Loss/val"}
-    _wait(browser, lambda d: want <= set(headers(d)), what=f"the columns {sorted(want)}")
-    # 2. the parent expanded (the chevron in its name cell) to its children, named by arm
-    if not all(name in browser.find_element("tag name", "body").text for name in ARMS):
-        def expand(d) -> bool:
-            found = d.find_elements("css selector",
-                                    "button[data-component-id*='runnamecellrenderer']")
-            if found:
-                found[0].click()
-            return bool(found)
-
-        _wait(browser, expand, what="the nested-runs expander")
+    # 2. the sweep's runs: flat, sorted by the objective, status and reason as columns
+    browser.get(ui["runs"])
     for name in ARMS:
         _wait(browser, _text_present(name), what=f"child run {name}")
-    _wait(browser, _text_present("1e+30"), what="the diverged arm's optim.lr cell")
-    runs_png = tmp_path / "mlflow_runs.png"
-    browser.save_screenshot(str(runs_png))
-    assert runs_png.stat().st_size > 10_000
+    rows = _wait(browser, lambda d: (r := _rows(d)) and len(r) == 4 and all(
+        x.get("geosweep.status") for x in r[:3]) and r, what="the four rows with statuses")
+    names = [r.get("Run Name", "").split("\n")[-1].strip() for r in rows]  # after its colour
+    # completed 3e-3, then the stopped one (its loss at step 4), then the parent and the
+    # diverged one, which have no Loss/val (MLflow sorts them last)
+    assert names[:2] == ["p=2 lr=3e-3 s0", "p=2 lr=1e-4 s0"], names
+    assert set(names[2:]) == {"uisweep", "p=2 lr=1e30 s0"}, names
+    by = dict(zip(names, rows))
+    assert by["p=2 lr=1e30 s0"]["geosweep.status"] == "diverged"
+    assert by["p=2 lr=1e30 s0"]["geosweep.reason"].startswith("diverged: nonfinite")
+    assert by["p=2 lr=1e-4 s0"]["geosweep.status"] == "stopped"
+    assert by["p=2 lr=1e-4 s0"]["geosweep.reason"].startswith("stopped early")
+    assert by["p=2 lr=3e-3 s0"]["geosweep.status"] == "completed"
+    for col in ("Loss/val", "Loss/train", "model.residual.p", "optim.lr", "train.seed"):
+        assert col in rows[0], sorted(rows[0])
+    assert by["p=2 lr=1e30 s0"]["optim.lr"].startswith("1e+30")
+    _model_training_view(browser, "runs table")
+    runs_png = _shot(browser, tmp_path / "mlflow_runs.png")
 
-    # 3. the diverged child's page says Failed
-    base = ui.split("/#/")[0]
+    # 3. the charts: every trial's loss curve on one chart
+    browser.get(ui["charts"])
+    for name in ARMS:
+        _wait(browser, _text_present(f"{name} (Loss/train)"),
+              what=f"{name} in the Loss/train chart's legend")
+    lines = _wait(browser, lambda d: (ls := [e for e in d.find_elements(
+        "css selector", "svg path.js-line") if (e.get_attribute("d") or "").count("L") >= 1])
+        and len(ls) >= 4 and ls, what="a loss line per trial (3 train, 2 val at least)")
+    assert lines
+    charts_png = _shot(browser, tmp_path / "mlflow_charts.png")
+
+    # 4. a run's page reached without the link's workflowType: still model training
+    base = ui["base"]
     browser.get(f"{base}/#/experiments/{exp.experiment_id}/runs/{bad.info.run_id}")
     _wait(browser, _text_present("Failed"), what="the diverged run's Failed status")
-
-    # 4. a child's metric charts: the loss section first, its train curve drawn
-    ok = children["p=2 lr=3e-3 s0"]
-    assert len(client.get_metric_history(ok.info.run_id, "Loss/train")) == 12
+    _wait(browser, _text_present("diverged: nonfinite"), what="its reason as the description")
+    _model_training_view(browser, "a run's page")
+    assert "Runs" in _body(browser).split("\n")  # the breadcrumb: experiment > Runs
+    _shot(browser, tmp_path / "mlflow_diverged_run.png")
     browser.get(f"{base}/#/experiments/{exp.experiment_id}/runs/{ok.info.run_id}/model-metrics")
     titles = _wait(browser, lambda d: (t := _section_titles(d)) and len(t) >= 3 and t,
                    what="the chart sections")
     assert titles[0] == "Loss (2)", titles
-    _wait(browser, _text_present(f"{ok.info.run_name} (Loss/train)"),
-          what="the Loss/train chart legend")
-    # A drawn line, not its exact vertices: plotly simplifies nearly collinear points away, so
-    # the segment count is not the step count (12 points, checked in the history above).
-    lines = _wait(browser, lambda d: [e for e in d.find_elements("css selector", "svg path.js-line")
-                                      if (e.get_attribute("d") or "").count("L") >= 2],
-                  what="a drawn loss line")
-    assert lines
-    browser.save_screenshot(str(tmp_path / "mlflow_metrics.png"))
+    assert len(client.get_metric_history(ok.info.run_id, "Loss/train")) == 12
+
+    # 5. the parent's summary on its page
+    browser.get(f"{base}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}")
+    _wait(browser, _text_present("3 trials (1 completed, 1 diverged, 1 stopped early by the "
+                                 "scheduler)"), what="the parent's summary")
+    text = _body(browser)
+    assert "Best trial: p=2 lr=3e-3 s0" in text and "sweep/best_objective" in text
+    _shot(browser, tmp_path / "mlflow_parent.png")
+    print(f"browser: 6 pages in {time.monotonic() - t_page:.0f}s; screenshots in {tmp_path}")
+
+    # control: the same run page with the browser switched to GenAI does show the GenAI view
+    # (what a fresh profile got before: issue 33 §1), so the checks above can fail
+    browser.execute_script("localStorage.setItem('mlflow.workflowType_v1', '\"genai\"')")
+    browser.get(f"{base}/#/experiments/{exp.experiment_id}/runs/{bad.info.run_id}")
+    browser.refresh()
+    _wait(browser, lambda d: any(w in _body(d).split("\n") for w in GENAI_ONLY),
+          what="the GenAI view of the control page")
+
     if os.environ.get("GEOSWEEP_UPDATE_SCREENSHOT") == "1":
         from PIL import Image
 
         (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
-        img = Image.open(runs_png).convert("RGB")  # small: 1000 px wide, 64-colour palette
-        img = img.resize((1000, round(img.height * 1000 / img.width)), Image.LANCZOS)
-        img.quantize(64).save(ROOT / "docs" / "img" / "mlflow_runs.png", optimize=True)
+        for src, name in ((runs_png, "mlflow_runs.png"), (charts_png, "mlflow_charts.png")):
+            img = Image.open(src).convert("RGB")  # small: 1000 px wide, a 256-colour palette
+            img = img.resize((1000, round(img.height * 1000 / img.width)), Image.LANCZOS)
+            img.quantize(256).save(ROOT / "docs" / "img" / name, optimize=True)
 
 
 @pytest.mark.timeout(600)

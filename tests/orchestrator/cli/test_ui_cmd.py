@@ -1,5 +1,7 @@
-"""`geosweep ui`: one line when the server cannot start, a free port when 5000 is busy, and
-no mlflow/uvicorn child left after SIGTERM (the real server, in its own process group)."""
+"""`geosweep ui`: one line when the server cannot start, a free port when 5000 is busy; the real
+server: its links printed only once it answers, no line per HTTP request, the page it serves
+seeds the model-training view, and no mlflow/uvicorn child left after SIGTERM (its own process
+group)."""
 
 from __future__ import annotations
 
@@ -73,6 +75,9 @@ class FakeProc:
     def wait(self, timeout=None):
         return self.rc
 
+    def poll(self):  # exited at once
+        return self.rc
+
 
 @pytest.mark.parametrize("argv, msg", [
     (["--port", "70000"], "a port is in 1..65535"),
@@ -103,7 +108,7 @@ def test_busy_ports(tmp_path, capsys, monkeypatch):
         monkeypatch.setattr(ui, "DEFAULT_PORT", busy)
         rc, out, err = run_cli(["ui", str(root)], capsys)
     assert rc == 0, err
-    cmd, kw = FakeProc.calls[0]
+    cmd, kw = next(c for c in FakeProc.calls if "mlflow" in c[0])
     port = int(cmd[cmd.index("--port") + 1])
     assert port != busy and f"port {busy} is in use; using port {port}" in out
     assert kw["start_new_session"] is True
@@ -118,24 +123,52 @@ def test_server_failure_is_one_line_exit_1(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sigterm_takes_the_server_group_down(tmp_path):
+def test_real_server_links_quiet_and_sigterm(tmp_path):
+    import threading
+    import urllib.request
+
+    from orchestrator.store.mlflow_names import UI_DEFAULTS
+
     root = _sweep(tmp_path)
     port = ui.free_port("127.0.0.1")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", str(root),
                              "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    up = threading.Event()
+    answered: list[bool] = []
+
+    def read() -> None:  # the moment the link is printed, the server must answer at once
+        for line in proc.stdout:
+            lines.append(line)
+            if "MLflow UI for sw:" in line and not up.is_set():
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
+                                                timeout=5) as r:
+                        answered.append(r.status == 200)
+                except OSError:
+                    answered.append(False)
+                up.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(1)
-        assert proc.poll() is None, proc.stdout.read()
+        assert up.wait(240), "".join(lines)
+        assert answered == [True], "".join(lines)
+        assert f"http://127.0.0.1:{port}" in "".join(lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            page = r.read().decode()
+        for key in UI_DEFAULTS:  # a fresh browser gets the model-training view
+            assert key in page
+        assert page.index("localStorage") < page.index("static-files/static/js/main")
+        for _ in range(3):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read()
+        time.sleep(1.0)
+        assert not any("GET /" in line for line in lines), "".join(lines)  # no access log
         assert not ui.port_free("127.0.0.1", port), "the server never listened"
         children = _descendants(proc.pid)
-        assert children  # mlflow ui -> uvicorn (-> its worker)
+        assert children  # mlflow server -> uvicorn (-> its worker)
         groups = {_procs()[c][1] for c in children if c in _procs()}
         assert proc.pid not in groups  # the server has its own process group
         proc.send_signal(signal.SIGTERM)
@@ -147,6 +180,10 @@ def test_sigterm_takes_the_server_group_down(tmp_path):
         assert children & set(_procs()) == set()
         assert not any(g in groups for _, g in _procs().values())
         assert ui.port_free("127.0.0.1", port)
+        import re
+
+        log = re.search(r"its log: (\S+?)\)", "".join(lines))
+        assert log and not os.path.exists(log.group(1))  # a clean stop leaves no log behind
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -251,13 +251,24 @@ def test_model_training_view_summary_and_failed_parent(store):
         f"#/experiments/{sink.experiment_id}/runs/{best}?workflowType=machine_learning")
     assert out["tags"]["geosweep.objective"] == "val/loss"
     assert out["tags"]["geosweep.objective_key"] == "Loss/val"
-    # the sweep's shared view (geosweep ui's link): param + loss columns, the parent expanded
+    # the parent's description: counts by status, the best trial by name with a link to it
+    note = p.data.tags["mlflow.note.content"]
+    assert "4 trials (2 completed, 1 diverged, 1 stopped early by the scheduler)" in note
+    assert f"[run b](#/experiments/{sink.experiment_id}/runs/{best}?workflowType=" in note
+    assert "`val/loss` = 1.5" in note
+    assert (f"[the sweep's runs](#/experiments/{sink.experiment_id}/runs?viewStateShareKey="
+            "geosweep-sw&workflowType=machine_learning)") in note
+    # the sweep's shared view (geosweep ui's link): flat, sorted by the objective, every run
+    # charted; status and reason first, then the losses and the params
     view = json.loads(client.get_experiment(sink.experiment_id).tags[
         "mlflow.sharedViewState.geosweep-sw"])
-    assert view["selectedColumns"] == ["attributes.`Duration`", "params.`optim.lr`",
-                                       "params.`train.seed`", "metrics.`Loss/val`",
-                                       "metrics.`Loss/train`"]
-    assert view["runsExpanded"] == {sink.parent_id: True}
+    assert view["selectedColumns"] == ["tags.`geosweep.status`", "tags.`geosweep.reason`",
+                                       "metrics.`Loss/val`", "metrics.`Loss/train`",
+                                       "params.`optim.lr`", "params.`train.seed`",
+                                       "attributes.`Duration`"]
+    assert view["columnOrder"] == view["selectedColumns"]
+    assert view["orderByKey"] == "metrics.`Loss/val`" and view["orderByAsc"] is True
+    assert view["runsHiddenMode"] == "SHOW_ALL" and "runsExpanded" not in view
     from orchestrator.store.runs import view_experiment
 
     assert view_experiment(uri, "sw") == sink.experiment_id
@@ -270,3 +281,26 @@ def test_model_training_view_summary_and_failed_parent(store):
     MlflowSink(uri, "old", "sw2")
     assert client.get_experiment_by_name("old").tags["mlflow.experimentKind"] == \
         "custom_model_development"
+
+
+def test_infinite_values_are_not_logged(store):
+    """MLflow would store inf as 1.797e308 (issue 33 §7): such points are left out; a NaN
+    (a real diverged loss) is logged."""
+    uri, _ = store
+    sink = MlflowSink(uri, "inf", "sw")
+    sink.start_parent(SPEC, {}, PROV)
+    sink.start_child("t", {"optim.lr": 1.0})
+    pts = [{"step": 1, "split": "train", "metric": "loss", "value": 3.0, "wall_time": 0.1},
+           {"step": 2, "split": "train", "metric": "loss", "value": math.inf, "wall_time": 0.2},
+           {"step": 3, "split": "train", "metric": "loss", "value": math.nan, "wall_time": 0.3}]
+    sink.log_result("t", pts, [({"val/best_loss": math.inf, "train/lr": 1.0}, 3)])
+    client = MlflowClient(uri)
+    run = client.get_run(sink.run_id("t"))
+    assert "val/best_loss" not in run.data.metrics and run.data.metrics["train/lr"] == 1.0
+    hist = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id,
+                                                                         "Loss/train"))
+    assert [s for s, _ in hist] == [1, 3] and hist[0][1] == 3.0 and math.isnan(hist[1][1])
+    sink.end_child("t", "diverged", {"geosweep.reason": "diverged: nonfinite_loss at step 3"})
+    run = client.get_run(sink.run_id("t"))
+    assert run.data.tags["mlflow.note.content"] == \
+        "**diverged**: diverged: nonfinite_loss at step 3"

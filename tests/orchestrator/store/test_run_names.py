@@ -25,10 +25,13 @@ def test_run_name_from_searched_params_and_seed():
     assert run_name({"optim.lr": 1e-3, "optim.muon.lr": 0.02}) == "optim.lr=1e-3 muon.lr=0.02"
     assert run_name({}) == "base"
     assert run_name({"optim.lr": 0.01}, seed=4) == "lr=0.01 s4"
+    # the same name whatever order the params come in (Tune's config, Parquet's columns)
+    assert run_name({"optim.lr": 0.003, "model.residual.p": 2.0, "train.seed": 0}) == \
+        run_name({"train.seed": 0, "model.residual.p": 2.0, "optim.lr": 0.003}) == "p=2 lr=3e-3 s0"
 
 
 def test_end_status_and_reasons():
-    assert END_STATUS == {"completed": "FINISHED", "diverged": "FAILED", "stopped": "KILLED",
+    assert END_STATUS == {"completed": "FINISHED", "diverged": "FAILED", "stopped": "FINISHED",
                           "failed": "FAILED"}
     rec = {"divergence_reason": "loss_vs_best", "divergence_step": 17,
            "divergence_detail": "loss 9.1 > 4 x best 2.0", "last_step": 40, "error": "boom"}

@@ -152,7 +152,7 @@ def test_sweep_of_five_trials(sinks, tmp_path):
     assert {k: r.info.run_name for k, r in by.items()} == {
         "ok_00000": "lr=1 s0", "div_00001": "lr=0.1 s1", "fail_00002": "lr=0.01 s2",
         "res_00003": "lr=1e-3 s3", "stop_00004": "lr=1e-4 s4"}
-    assert by["stop_00004"].info.status == "KILLED"
+    assert by["stop_00004"].info.status == "FINISHED"  # not red: the search working
     assert by["stop_00004"].data.tags["geosweep.reason"] == \
         "stopped early by the scheduler (ASHA) at step 10"
     assert by["fail_00002"].data.tags["geosweep.reason"] == \
