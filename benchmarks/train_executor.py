@@ -228,7 +228,7 @@ def main() -> None:
                       f"({r['completed']}/{r['trials']} completed)", flush=True)
             loads.append(_load())
     finally:
-        shutdown()
+        shutdown(force=True)  # its own ray.init (_start_ray)
         shutil.rmtree(out, ignore_errors=True)
         for m in _METER:
             m.close()

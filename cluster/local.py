@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from cluster.ray_loopback import is_loopback_address, loopback_env, loopback_in_effect
 
-__all__ = ["ray_env", "prepare", "connect", "shutdown", "worker_env", "RayStartError"]
+__all__ = ["ray_env", "prepare", "connect", "shutdown", "started_here", "worker_env",
+           "RayStartError"]
+
+# True once connect() has started a local Ray in this process (not joined one): only that Ray
+# is this process's to shut down; a warm Ray or a cluster goes on serving other drivers, and
+# the driver's exit is all it needs to drop this one's job.
+_STARTED = False
 
 
 class RayStartError(RuntimeError):
@@ -106,11 +113,13 @@ def connect(address: str | None = None, num_cpus: float | None = None,
         "logging_level": logging.WARNING if quiet else logging.INFO,
         "configure_logging": True,
     }
+    global _STARTED
     try:
         if address:
             ray.init(address=address, **kwargs)
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, **kwargs)
+            _STARTED = True
     except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         where = f"join Ray at {address}" if address else "start a local Ray"
@@ -118,8 +127,22 @@ def connect(address: str | None = None, num_cpus: float | None = None,
     return ray.cluster_resources()
 
 
-def shutdown() -> None:
+def started_here() -> bool:
+    """Whether ``connect`` started the Ray this process is connected to."""
+    return _STARTED
+
+
+def shutdown(force: bool = False) -> None:
+    """Shut down the local Ray this process started (``connect`` without an address and no
+    warm Ray running). A joined Ray (a warm one, a cluster) is left alone unless ``force``
+    (a Ray the caller started itself with ``ray.init``): ``ray.shutdown()`` there only
+    disconnects, which the process's exit does as well (its job ends when the driver's
+    connection closes), and costs a sweep's end time."""
+    global _STARTED
+    if "ray" not in sys.modules:
+        return
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized() and (_STARTED or force):
         ray.shutdown()
+        _STARTED = False

@@ -136,11 +136,9 @@ def entry() -> None:
     """The `geosweep` executable: ``main()``, then a fast exit after sweeps."""
     rc = main()
     if len(sys.argv) > 1 and sys.argv[1] in _FAST_EXIT:
-        if "ray" in sys.modules:
-            import ray
+        from cluster.local import shutdown
 
-            if ray.is_initialized():
-                ray.shutdown()
+        shutdown()  # a Ray this process started; a joined one (warm, a cluster) stays up
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)

@@ -43,16 +43,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if targets is not None:
         check_resume_checkpoints(targets)
         home_artifacts(targets, spec)
-    rc = execute(spec, out, args.address, resume=args.resume)
-    if rc == 0 and spec.seed_budget is not None:  # seeds: auto: race until decided
+    auto = spec.seed_budget is not None  # seeds: auto: race until decided, on this Ray
+    rc = execute(spec, out, args.address, resume=args.resume, keep_ray=auto)
+    if rc == 0 and auto:
         from orchestrator.cli.decided import run_until_decided
 
         return run_until_decided(out / spec.name, spec, args.address, execute)
     return rc
 
 
-def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> int:
-    from cluster.local import RayStartError, shutdown
+def execute(spec, out: Path, address: str | None, resume: bool, extend=None,
+            keep_ray: bool = False) -> int:
+    """One sweep (or resume/extension) on Ray; ``keep_ray``: a round of seeds until decided
+    follows, on the same Ray (its last round, or the process's exit, shuts it down)."""
+    from cluster.local import RayStartError, shutdown, started_here
     from orchestrator.cli.failures import CURRENT, INTERRUPTED
     from orchestrator.cli.heartbeat import Heartbeat
     from orchestrator.spec.sweep_spec import SpecError
@@ -75,8 +79,9 @@ def execute(spec, out: Path, address: str | None, resume: bool, extend=None) -> 
         with hb:
             result = run_sweep(spec, out, address=address, resume=resume, printer=printer,
                                extend=extend)
-            printer("[geosweep] closing Ray...")
-            shutdown()  # here, under the heartbeat, not silently at interpreter exit
+            if started_here() and not keep_ray:  # a warm Ray or a cluster stays as it is
+                printer("[geosweep] closing Ray...")
+                shutdown()  # here, under the heartbeat, not silently at interpreter exit
     except RayStartError as e:
         print(f"geosweep: error: {e}", file=sys.stderr)
         return 1

@@ -28,10 +28,14 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 
-from cluster.redact import redact
+from cluster.redact import known_secrets, redact
+from orchestrator.store.mlflow_metrics import SqliteMetrics
 from orchestrator.store.mlflow_names import mlflow_key
 from orchestrator.store.mlflow_store import open_client
 from orchestrator.store.run_names import END_STATUS, EXPERIMENT_KIND, TAG
+from orchestrator.store.sqlite_durability import forget as forget_sqlite
+from orchestrator.store.sqlite_durability import register as register_sqlite
+from orchestrator.store.sqlite_durability import release as release_sqlite
 
 __all__ = ["MlflowSink", "default_tracking", "flatten_params", "TAG"]
 
@@ -96,14 +100,27 @@ class MlflowSink:
         sweep: str,
         artifact_location: str | None = None,
     ) -> None:
+        self._sqlite: str | None = None
         if tracking_uri.startswith("sqlite:///"):
             db = tracking_uri[len("sqlite:///") :]
             if artifact_location is None:  # next to the database, not ./mlruns of the cwd
                 artifact_location = os.path.join(os.path.dirname(os.path.abspath(db)),
                                                  "mlartifacts")
+            # the sweep's writer commits per result: WAL, no fsync per commit, until close()
+            # (store/sqlite_durability.py says what that trades)
+            self._sqlite = db
+            register_sqlite(db)
         # classified first (store/mlflow_store.py): a foreign or other-schema sqlite file is
         # refused, never migrated; a new one is a copy of the migrated empty template
-        self.client = open_client(tracking_uri, create=True)
+        try:
+            self.client = open_client(tracking_uri, create=True)
+        except BaseException:
+            if self._sqlite is not None:  # refused (a foreign file): left exactly as it was
+                forget_sqlite(self._sqlite)
+            raise
+        # metric points straight into the sqlite tables, as MLflow writes them, without its
+        # ORM (store/mlflow_metrics.py); None: MLflow's log_batch for them too
+        self._points = SqliteMetrics.open(self._sqlite) if self._sqlite is not None else None
         self.sweep = sweep
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -122,6 +139,9 @@ class MlflowSink:
         # run id -> param keys it holds (this process is the runs' only writer): a param is
         # logged once, without reading the run back before every batch
         self._param_keys: dict[str, set[str]] = {}
+
+    def __getstate__(self) -> dict:  # a pickled sink logs its points through MLflow's client
+        return {**self.__dict__, "_points": None}
 
     # --- runs -----------------------------------------------------------------------------
     def _find(self, tags: dict[str, str]) -> str | None:
@@ -196,15 +216,20 @@ class MlflowSink:
                                        max_results=50000)
         return sorted({r.data.tags.get(f"{TAG}trial_id") for r in runs} - {None})
 
-    def end_child(self, trial_id: str, status: str, tags: dict | None = None) -> None:
-        """Tag the final status (completed | diverged | stopped | failed); end the run."""
+    def end_child(self, trial_id: str, status: str, tags: dict | None = None,
+                  results: list[tuple[list[dict], list[tuple[dict[str, float], int]]]] = (),
+                  params: dict | None = None) -> None:
+        """Tag the final status (completed | diverged | stopped | failed); end the run.
+        ``results`` / ``params``: the trial's last writes (``log_results``), in the same
+        ``log_batch`` as the tags."""
         if status not in _END_STATUS:
             raise ValueError(f"status={status!r}: use one of {sorted(_END_STATUS)}")
         run_id = self._run(trial_id)
         tags = {f"{TAG}status": status, **(tags or {})}
         if tags.get(f"{TAG}reason"):  # the first thing the run's page shows
             tags[NOTE_TAG] = f"**{status}**: {tags[f'{TAG}reason']}"
-        self._log_tags(run_id, tags)
+        self._log_metrics(trial_id, *self._result_groups(trial_id, results),
+                          params=params or {}, tags=tags)
         self.client.set_terminated(run_id, status=_END_STATUS[status])
 
     def end_parent(self, status: str = "FINISHED", error: str | None = None) -> None:
@@ -214,6 +239,17 @@ class MlflowSink:
                 self._log_tags(self.parent_id, {f"{TAG}status": "failed",
                                                 f"{TAG}reason": error})
             self.client.set_terminated(self.parent_id, status=status)
+
+    def close(self) -> None:
+        """The sweep's writes are done: an sqlite store is a plain rollback-journal file again
+        (its WAL checkpointed into it). The sink may still be used; it then writes with
+        sqlite's defaults."""
+        if self._points is not None:
+            self._points.close()
+            self._points = None
+        if self._sqlite is not None:
+            release_sqlite(self._sqlite)
+            self._sqlite = None
 
     def find_child(self, trial_id: str) -> str | None:
         """The run id of this sweep's child of ``trial_id`` in the store, or None."""
@@ -249,9 +285,23 @@ class MlflowSink:
         and with the same at-most-once rule, and ``log_params(params)`` / ``set_tags(tags)``,
         as ONE ``log_batch`` (one sqlite transaction instead of one per call: most of the
         writer's time per result was these commits). Returns the number of points logged."""
-        groups = [self._curve_items(trial_id, points)]
-        groups += [_scalar_items(sc, step) for sc, step in scalars_at]
-        return self._log_metrics(trial_id, *groups, params=params or {}, tags=tags or {})
+        return self.log_results(trial_id, [(points, scalars_at)], params, tags)
+
+    def log_results(self, trial_id: str,
+                    results: list[tuple[list[dict], list[tuple[dict[str, float], int]]]],
+                    params: dict | None = None, tags: dict | None = None) -> int:
+        """Several results of one trial, each ``(points, scalars_at)`` as ``log_result`` logs
+        it and in their order, as ONE ``log_batch``: the sweep's writer batches a trial's
+        results (orchestrator/sweep/callback.py). Returns the number of points logged."""
+        return self._log_metrics(trial_id, *self._result_groups(trial_id, results),
+                                 params=params or {}, tags=tags or {})
+
+    def _result_groups(self, trial_id: str, results: Any) -> list[list[tuple]]:
+        groups = []
+        for points, scalars_at in results:
+            groups.append(self._curve_items(trial_id, points))
+            groups += [_scalar_items(sc, step) for sc, step in scalars_at]
+        return groups
 
     def _curve_items(self, trial_id: str, points: list[dict]) -> list[tuple]:
         t0 = self._start_ms.get(trial_id, int(time.time() * 1000))
@@ -308,10 +358,14 @@ class MlflowSink:
             have = self._param_keys[run_id] = set(self.client.get_run(run_id).data.params)
         # params are immutable in MLflow: on a resumed run log only the new ones
         flat = {k: v for k, v in flatten_params(params or {}).items() if k not in (have or ())}
-        ps = [Param(k, redact(v)) for k, v in flat.items()]
-        ts = [RunTag(_key(k), redact(_text(v))[:_MAX_TAG_LEN]) for k, v in (tags or {}).items()
-              if v is not None]
+        secrets = known_secrets()  # read once per batch, not once per value
+        ps = [Param(k, redact(v, secrets)) for k, v in flat.items()]
+        ts = [RunTag(_key(k), redact(_text(v), secrets)[:_MAX_TAG_LEN])
+              for k, v in (tags or {}).items() if v is not None]
         ms = list(metrics)
+        if ms and self._points is not None:
+            self._points.write(run_id, ms)
+            ms = []
         while ms or ps or ts:
             self.client.log_batch(run_id, metrics=ms[:_MAX_METRICS],
                                   params=ps[:_MAX_PARAMS_TAGS], tags=ts[:_MAX_PARAMS_TAGS])

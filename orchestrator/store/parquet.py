@@ -135,11 +135,20 @@ class ParquetSink:
         self.fs, self._base = resolve_root(root)
         # (kind, trial) -> {file name: (first step, last step)}; this process is the only writer
         self._parts: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+        # trial -> {step: train loss} of the curves this sink wrote, for trials whose curve
+        # folder held nothing when it first looked (their whole curve is then in memory)
+        self._losses: dict[str, dict[int, float]] = {}
 
     # --- public ---------------------------------------------------------------------------
     def write_curve(self, trial_id: str, points: list[dict]) -> None:
         """Append curve points ``{step, split, metric, value, wall_time}``."""
         self._write_rows("curves", trial_id, points)
+        losses = self._losses.get(trial_id)
+        if losses is not None:
+            for p in points:
+                if p.get("split") == "train" and p.get("metric") == "loss":
+                    v = p.get("value")
+                    losses[int(p["step"])] = float("nan") if v is None else float(v)
 
     def write_metrics(self, trial_id: str, rows: list[dict]) -> None:
         """Append tidy metric rows ``{step, metric, module, layer, next_layer, value}``."""
@@ -147,6 +156,10 @@ class ParquetSink:
 
     def truncate_after(self, trial_id: str, step: int) -> None:
         """Drop every curve/metrics row of the trial with step > ``step`` (a resumed trial)."""
+        losses = self._losses.get(trial_id)
+        if losses is not None:
+            for k in [k for k in losses if k > step]:
+                del losses[k]
         for kind in _KINDS:
             parts = self._list_parts(kind, trial_id)
             for name, (first, last) in sorted(parts.items()):
@@ -159,7 +172,11 @@ class ParquetSink:
                 self._delete(kind, trial_id, name)
 
     def train_losses(self, trial_id: str) -> list[float]:
-        """The trial's train loss curve on disk, in step order (missing values as NaN)."""
+        """The trial's train loss curve on disk, in step order (missing values as NaN); kept
+        in memory for a trial whose every curve part this sink wrote (no read back)."""
+        losses = self._losses.get(trial_id)
+        if losses is not None:
+            return [losses[s] for s in sorted(losses)]
         t = self._curve_table(trial_id)
         t = t.filter(pc.and_(pc.equal(t["split"], "train"), pc.equal(t["metric"], "loss")))
         return [float("nan") if v is None else float(v) for v in t["value"].to_pylist()]
@@ -219,6 +236,8 @@ class ParquetSink:
                 if m and info.type == pafs.FileType.File:
                     found[info.base_name] = (int(m.group(1)), int(m.group(2)))
             self._parts[key] = found
+            if kind == "curves" and not found:  # from here on, every part is this sink's
+                self._losses[trial_id] = {}
         return self._parts[key]
 
     def _write_rows(self, kind: str, trial_id: str, rows: list[dict]) -> None:

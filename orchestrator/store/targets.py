@@ -33,7 +33,12 @@ __all__ = ["FolderError", "check_utf8_path", "check_inside", "check_entries", "c
 SQLITE = "sqlite:///"
 # what a sweep folder holds (orchestrator/store/layout.py) and its writers write
 FOLDER_ENTRIES = ("sweep.json", "spec.yaml", ".lock", "mlflow.db", "mlartifacts", "parquet",
-                  "ray", "optuna.db", "report")
+                  "ray", "optuna.db", "report",
+                  # sqlite writes these beside a database it writes (store/sqlite_durability.py:
+                  # a sweep's stores are in WAL mode while it runs); a symlink planted under
+                  # one of these names would take the writes outside the folder
+                  "mlflow.db-wal", "mlflow.db-shm", "mlflow.db-journal",
+                  "optuna.db-wal", "optuna.db-shm", "optuna.db-journal")
 _HINT = "; replace it by a real folder or file, or name that place in sweep.json"
 
 

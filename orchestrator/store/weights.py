@@ -26,13 +26,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+# torch is imported where a model is built: a sweep's driver logs the weights its trials
+# prepared (prepare_weights) without importing it
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-__all__ = ["ARTIFACT_PATH", "model_from_checkpoint", "save_weights", "log_weights",
-           "load_model", "best_record", "keep_weights"]
+__all__ = ["ARTIFACT_PATH", "model_from_checkpoint", "save_weights", "prepare_weights",
+           "log_weights", "load_model", "best_record", "keep_weights"]
 
 ARTIFACT_PATH = "model"
 WEIGHTS_FILE = "model.safetensors"
@@ -122,17 +125,45 @@ def save_weights(model: nn.Module, cfg: Any, folder: str | os.PathLike,
     return out
 
 
+def prepare_weights(checkpoint: str | os.PathLike, into: str | os.PathLike) -> Path:
+    """What ``log_weights`` logs of a ``step-<08d>`` checkpoint, written into ``into/model/``
+    (no README: it names the MLflow run). A trial calls it for its final checkpoint, beside
+    ``step-<08d>/`` in the folder it reports, so that the sweep's driver logs the files as
+    they are at the sweep's end: torch and a model build are already paid in the trial, and
+    the driver's teardown would otherwise import torch (seconds) only for this."""
+    model, cfg, _ = model_from_checkpoint(checkpoint)
+    return save_weights(model, cfg, Path(into) / ARTIFACT_PATH)
+
+
+def _prepared(checkpoint: str | os.PathLike) -> Path | None:
+    """The weights the trial prepared beside its checkpoint (``prepare_weights``), if any."""
+    folder = Path(checkpoint).parent / ARTIFACT_PATH
+    if (folder / WEIGHTS_FILE).is_file() and (folder / CONFIG_FILE).is_file():
+        return folder
+    return None
+
+
 def log_weights(client: Any, run_id: str, checkpoint: str | os.PathLike, *, trial: str = "",
                 sweep: str = "", tracking_uri: str = "") -> str:
     """Log the checkpoint's model as artifacts ``model/`` of ``run_id``; returns its URI.
+    The files the trial prepared beside it (``prepare_weights``) are logged as they are;
+    without them the model is rebuilt from the checkpoint here.
 
     Logging again overwrites the same files (one copy per run)."""
-    model, cfg, step = model_from_checkpoint(checkpoint)
+    from orchestrator.store.checkpoints import checkpoint_step
+
+    ready = _prepared(checkpoint)
+    step = checkpoint_step(checkpoint)
     readme = _README.format(trial=trial or "?", sweep=sweep or "?", step=step, run_id=run_id,
                             tracking_uri=tracking_uri or "<the sweep's mlflow_uri>")
-    with tempfile.TemporaryDirectory(prefix="geosweep-weights-") as tmp:
-        folder = save_weights(model, cfg, Path(tmp) / ARTIFACT_PATH, readme)
-        client.log_artifacts(run_id, str(folder), artifact_path=ARTIFACT_PATH)
+    if ready is not None:
+        client.log_artifacts(run_id, str(ready), artifact_path=ARTIFACT_PATH)
+        client.log_text(run_id, readme, f"{ARTIFACT_PATH}/README.txt")
+    else:
+        model, cfg, step = model_from_checkpoint(checkpoint)
+        with tempfile.TemporaryDirectory(prefix="geosweep-weights-") as tmp:
+            folder = save_weights(model, cfg, Path(tmp) / ARTIFACT_PATH, readme)
+            client.log_artifacts(run_id, str(folder), artifact_path=ARTIFACT_PATH)
     client.set_tag(run_id, "geosweep.weights", f"{ARTIFACT_PATH}/ (step {step})")
     return f"runs:/{run_id}/{ARTIFACT_PATH}"
 

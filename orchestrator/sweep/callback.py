@@ -31,6 +31,16 @@ a driver killed between the two writes of one result (Parquet first, then MLflow
 trial's checkpoint at that step: on this driver's first MLflow write of a trial, the curve
 already on disk goes with it and the at-most-once rule keeps only the points MLflow lacks.
 
+Batching. Parquet gets every result's curve and metric parts when the writer takes it (a
+restart is told by them); a running trial's record is refreshed at most every ``BATCH_S``
+(its start and its end always). MLflow gets a trial's writes in batches: its points (curves
+and scalars) of up to ``BATCH_S`` in one transaction (straight into the sqlite tables of the
+sweep's own store: store/mlflow_metrics.py), its params and tags of up to ``META_S`` in one
+``log_batch``, everything left with its end. ``get_state`` writes every batched point out
+first, ``flush`` everything. A trial shorter than ``META_S`` costs MLflow's client 3 calls
+(create, one batch, end) instead of one per report plus 4; the UI and ``geosweep status``
+show a running trial's curves at most ``BATCH_S`` late, its params at most ``META_S``.
+
 A resumed driver ``preload``s the records already in Parquet, so a trial Tune only
 re-finalises keeps its status and the sweep's result covers every trial. Works without Ray
 running: every hook only needs ``trial.trial_id`` and ``trial.config``.
@@ -64,7 +74,14 @@ __all__ = ["SinkCallback", "FINAL_STATUSES"]
 log = logging.getLogger(__name__)
 
 FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
+_SINK_ONLY = ("_curve", "_rows", "_config")  # payload keys no one after this sink reads
 _SEED_KEY = "train.seed"
+# the longest a running trial's MLflow writes wait for company, and its Parquet record for a
+# refresh; Tune's experiment snapshot (every 2 s: cluster/local.py) writes them out anyway
+BATCH_S = 2.0
+META_S = 10.0  # a running trial's MLflow params and tags (a resumed driver sends them again)
+_SNAPSHOT = object()  # queue items: write out every MLflow point batched (get_state),
+_EVERYTHING = object()  # and the params and tags too (flush)
 
 
 def _scalars(result: dict) -> dict[str, float]:
@@ -107,6 +124,7 @@ class SinkCallback(Callback):
         clock: Callable[[], float] = time.time,
         background: bool = False,
         mlflow_later: Callable[[], MlflowSink] | None = None,
+        batch_s: float = BATCH_S,
     ) -> None:
         self.parquet, self.mlflow, self.metric, self.clock = parquet, mlflow, metric, clock
         # mlflow_later: the MLflow sink still being built (its store's schema migrations run
@@ -117,6 +135,7 @@ class SinkCallback(Callback):
         # background=True: hooks only enqueue; one writer thread does the I/O, so a slow
         # MLflow/Parquet write never stalls Tune's event loop (and with it every trial).
         self.background = background
+        self.batch_s = batch_s  # background only: how long a running trial's writes batch
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -127,6 +146,9 @@ class SinkCallback(Callback):
         self._seen: set[str] = set()
         self._tagged: dict[str, dict[str, Any]] = {}  # MLflow tags already set per trial
         self._caught_up: set[str] = set()  # trials whose on-disk curve this driver sent MLflow
+        # trial id -> its MLflow writes not made yet (results, params, tags; writer thread)
+        self._mlflow_buf: dict[str, dict[str, Any]] = {}
+        self._written_at: dict[str, float] = {}  # trial id -> when its record was written
         # queued writer events per trial that end by writing its record (all but restore):
         # while a later one is queued, an earlier one skips its write (it would be replaced)
         self._pending: dict[str, int] = {}
@@ -183,17 +205,21 @@ class SinkCallback(Callback):
         until every queued write is on disk, so a checkpoint a resumed driver restores from
         never lies past results still in the writer's queue (a ``kill -9`` would lose them,
         and the restored trial never re-reports them). Errors are left to the next hook."""
-        self._wait_writes()
+        self._wait_writes(everything=False)
 
-    def _wait_writes(self) -> None:
+    def _wait_writes(self, everything: bool = True) -> None:
+        """Wait for every event queued so far; then for the MLflow points batched (and with
+        ``everything``, the params and tags too)."""
         if self._queue is not None:
+            self._queue.put(_EVERYTHING if everything else _SNAPSHOT)
             self._queue.join()
 
     # --- background writer ----------------------------------------------------------------
     def __getstate__(self) -> dict:  # Tune pickles callbacks: threads and queues stay behind
         state = dict(self.__dict__)
         state.update(_queue=None, _thread=None, _error=None, _pending={}, _lock=None,
-                     _mlflow_later=None, _mlflow_error=None, _caught_up=set())
+                     _mlflow_later=None, _mlflow_error=None, _caught_up=set(), _mlflow_buf={},
+                     _written_at={})
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -238,19 +264,81 @@ class SinkCallback(Callback):
 
     def _drain(self) -> None:
         while True:
-            fn, snap, args, now, writes = self._queue.get()
+            try:  # idle with MLflow batches waiting: write them out once they are due
+                item = self._queue.get(timeout=self.batch_s if self._mlflow_buf else None)
+            except queue.Empty:
+                self._guarded(self._mlflow_flush, True)
+                continue
+            if item is _SNAPSHOT or item is _EVERYTHING:
+                self._guarded(self._mlflow_flush, False, item is _EVERYTHING)
+                self._queue.task_done()
+                continue
+            fn, snap, args, now, writes = item
             try:
                 self._now = now  # timestamps are those of the Tune event, not of the write
-                fn(snap, *args)
-            except BaseException as e:  # noqa: BLE001 - reported by flush()
-                log.error("geosweep result sink: %r", e)
-                self._error = self._error or e
+                self._guarded(fn, snap, *args)
+                self._guarded(self._mlflow_flush, True)
             finally:
                 self._now = None
                 if writes:
                     with self._lock:
                         self._pending[snap.trial_id] -= 1
                 self._queue.task_done()
+
+    def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - reported by flush()
+            log.error("geosweep result sink: %r", e)
+            self._error = self._error or e
+
+    # --- MLflow batches -------------------------------------------------------------------
+    def _mlflow_add(self, tid: str, result: tuple[list[dict], list[tuple]] | None = None,
+                    params: dict | None = None, tags: dict | None = None) -> None:
+        """Queue MLflow writes of a trial (written at once when not in background)."""
+        now = time.monotonic()
+        buf = self._mlflow_buf.setdefault(tid, {"results": [], "params": {}, "tags": {},
+                                                "since": None, "meta_since": None})
+        if result is not None:
+            buf["results"].append(result)
+            buf["since"] = buf["since"] or now
+        if params or tags:
+            buf["params"].update(params or {})
+            buf["tags"].update(tags or {})
+            buf["meta_since"] = buf["meta_since"] or now
+        if not self.background:
+            self._mlflow_flush(False, True, tid)
+
+    def _mlflow_take(self, tid: str) -> dict[str, Any]:
+        return self._mlflow_buf.pop(tid, None) or {"results": [], "params": {}, "tags": {}}
+
+    def _mlflow_flush(self, due_only: bool, meta: bool = False, tid: str | None = None) -> None:
+        """Write out what is batched, one ``log_results`` per trial (of ``tid`` only, when
+        given): every trial's points (``due_only``: those waiting ``batch_s``), and with them
+        its params and tags when ``meta`` or once they waited ``META_S``. Points are what a
+        restored checkpoint can be past (Tune's snapshot writes them out); params and tags a
+        resumed driver sends again, so they wait for company longer."""
+        now = time.monotonic()
+        for t in [tid] if tid is not None else list(self._mlflow_buf):
+            buf = self._mlflow_buf.get(t)
+            if buf is None:
+                continue
+            points = buf["since"] is not None and not (due_only
+                                                       and now - buf["since"] < self.batch_s)
+            with_meta = buf["meta_since"] is not None and (
+                meta or now - buf["meta_since"] >= META_S)
+            if not (points or with_meta):
+                continue
+            results = buf["results"] if points else []
+            params = buf["params"] if with_meta else {}
+            tags = buf["tags"] if with_meta else {}
+            if points:
+                buf.update(results=[], since=None)
+            if with_meta:
+                buf.update(params={}, tags={}, meta_since=None)
+            if buf["since"] is None and buf["meta_since"] is None:
+                self._mlflow_buf.pop(t)
+            self.mlflow.log_results(t, results, params=params, tags=tags)
 
     def _time(self) -> float:
         return self._now if self._now is not None else self.clock()
@@ -264,8 +352,9 @@ class SinkCallback(Callback):
         if rec["status"] not in ("completed", "diverged"):  # else: a finished trial re-started
             rec["status"] = "running"                       # by a resume; it keeps its outcome
         if self.mlflow is not None:  # named by its arm: searched params + seed
-            self.mlflow.start_child(trial.trial_id, rec["params"], self._tags(rec),
-                                    name=run_name(rec["params"]))
+            # the run now (its name, identity tags); params and tags with its first batch
+            self.mlflow.start_child(trial.trial_id, {}, {}, name=run_name(rec["params"]))
+            self._mlflow_add(trial.trial_id, params=rec["params"], tags=self._tags(rec))
         self._write(rec)
 
     def on_trial_restore(self, iteration: int, trials: list, trial: Any, **info) -> None:
@@ -286,7 +375,13 @@ class SinkCallback(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info) -> None:
-        self._defer(self._do_trial_result, trial, result) or self._do_trial_result(trial, result)
+        mine = dict(result)  # the writer's copy: Tune goes on with the result meanwhile
+        # Tune keeps the result as the trial's last_result and pickles it into every experiment
+        # snapshot (every 2 s, each trial); the curve, rows and config are this sink's alone
+        # (callbacks may change the result: Tune's own note in TuneController)
+        for key in _SINK_ONLY:
+            result.pop(key, None)
+        self._defer(self._do_trial_result, trial, mine) or self._do_trial_result(trial, mine)
 
     def _do_trial_result(self, trial: Any, result: dict) -> None:
         tid = trial.trial_id
@@ -312,12 +407,12 @@ class SinkCallback(Callback):
             # rows live in Parquet only: their summaries are reported scalars (``cont/*``), so
             # MLflow and Parquet ``trials/`` share one vocabulary (docs/metrics.md §N). The
             # points, the whole resolved config (first report of a trial only) and the tags
-            # that changed: one transaction.
+            # that changed: into the trial's next batch (one transaction).
             tags = self._new_tags(tid, self._tags(rec))
-            self.mlflow.log_result(tid, backlog + curve, [(_scalars(result), step)],
-                                   params=_config_of(result), tags=tags)
+            self._mlflow_add(tid, (backlog + curve, [(_scalars(result), step)]),
+                             params=_config_of(result), tags=tags)
             self._tagged[tid].update(tags)
-        self._write(rec)
+        self._write(rec, refresh=True)
 
     def _mlflow_backlog(self, tid: str) -> list[dict]:
         """On this driver's first MLflow write of a trial: its curve already in Parquet (a
@@ -408,20 +503,29 @@ class SinkCallback(Callback):
                 self.parquet.train_losses(trial.trial_id))
         self._write(rec)
         if self.mlflow is not None:
-            tags = self._tags(rec)
+            buf = self._mlflow_take(trial.trial_id)  # its last results go with its end
+            tags = {**buf["tags"], **self._tags(rec)}
             tags.update({f"{TAG}best_val_loss": rec.get("best_val_loss"),
                          f"{TAG}wall_s": rec["wall_s"], f"{TAG}overhead_s": rec["overhead_s"],
                          f"{TAG}error": rec.get("error") if status == "failed" else None,
                          f"{TAG}reason": reason(rec, status)})
-            self.mlflow.end_child(trial.trial_id, status, tags)
+            self.mlflow.end_child(trial.trial_id, status, tags, results=buf["results"],
+                                  params=buf["params"])
 
-    def _write(self, rec: dict) -> None:
+    def _write(self, rec: dict, refresh: bool = False) -> None:
+        """The trial's Parquet record; ``refresh``: a running trial's update, skipped when
+        the record on disk is younger than ``BATCH_S`` (its end writes it anyway)."""
         if self.parquet is None:
             return
+        tid = rec["trial"]
         with self._lock:
-            later = self._pending.get(rec["trial"], 0) > 1
-        if not later:  # else a queued event of this trial writes the newer record soon
-            self.parquet.write_trial(rec)
+            later = self._pending.get(tid, 0) > 1
+        now = time.monotonic()
+        if later or (refresh and self.background
+                     and now - self._written_at.get(tid, -math.inf) < self.batch_s):
+            return  # a queued event of this trial writes the newer record soon, or its end
+        self.parquet.write_trial(rec)
+        self._written_at[tid] = now
 
     # --- MLflow tags ----------------------------------------------------------------------
     def _tags(self, rec: dict) -> dict[str, Any]:

@@ -19,6 +19,10 @@ last result's ``_status`` (orchestrator/sweep/worker.py) decides the state:
 - stopped by the scheduler (last ``_status`` is ``running``): PRUNED, with its last value
   reported as an intermediate value (Ray already reports each result).
 - error: FAIL. Everything else: COMPLETE, ``diverged = 0.0`` (feasible).
+
+Its study lives in memory and reaches ``<sweep>/optuna.db`` through a writer thread
+(orchestrator/sweep/study_mirror.py): ``save``, which Tune's experiment snapshot calls, first
+waits until the RDB holds every write so far.
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ class ResumableOptunaSearch(OptunaSearch):
         return False
 
     def save(self, checkpoint_path: str) -> None:
+        flush = getattr(self._ot_study._storage, "flush", None)
+        if flush is not None:  # the RDB is never behind the snapshot (study_mirror.py)
+            flush()
         live = self.__dict__.pop(self._LIVE, None)
         try:
             super().save(checkpoint_path)

@@ -252,11 +252,25 @@ def build_search(spec: SweepSpec, *, storage: Any = None,
         import optuna
 
         storage = optuna.storages.RDBStorage(storage)
+    storage = _mirrored(storage, study_name)
     # Trials report the searcher's value under "objective" (orchestrator/sweep/worker.py): the
     # spec's metric, or a penalty for a diverged trial.
     searcher = OptunaSearch(space=define_by_run(spec), metric="objective", mode=s.mode,
                             sampler=_sampler(spec), storage=storage, study_name=study_name)
     return {}, ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent), s.num_samples
+
+
+def _mirrored(storage: Any, study_name: str | None) -> Any:
+    """An RDB study as the searcher's in-memory copy, written through to the RDB off Tune's
+    event loop (orchestrator/sweep/study_mirror.py); any other storage as it is."""
+    import optuna
+
+    if not isinstance(storage, optuna.storages.RDBStorage) or study_name is None:
+        return storage
+    from orchestrator.sweep.study_mirror import MirroredStorage, use_rdb
+
+    use_rdb(study_name, storage.url)  # a restored searcher of this study opens this RDB
+    return MirroredStorage(storage, study_name)
 
 
 def flat_from_tune_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -65,12 +65,13 @@ def prewarm(resources: Any) -> None:
 
 
 def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
-                 finished: frozenset[str] = frozenset()) -> None:
+                 finished: frozenset[str] = frozenset(), weights: bool = False) -> None:
     """``plan``: ``SweepSpec.trial_plan()``, plain values the driver resolved and validated once
     (the base config, the space's key order, the divergence rules, the metric, resources).
     ``finished``: trials a resumed driver found finished in Parquet. Tune's experiment
     snapshot may predate them (it is saved every ~10 s), so it restarts them; they return at
-    once, without training or reporting, and keep their recorded outcome."""
+    once, without training or reporting, and keep their recorded outcome. ``weights``: the
+    sweep keeps final weights; the trial writes their artifact with its final checkpoint."""
     import ray.tune
 
     if ray.tune.get_context().get_trial_id() in finished:
@@ -95,6 +96,7 @@ def trial_driver(config: dict[str, Any], plan: dict[str, Any], storage: str,
         "seed": cfg.train.seed,
         "mode": executor,
         "gpus": float(r.gpus_per_worker),
+        "weights": weights,
     }
     if executor == "in_trial":
         train_worker(loop_config)

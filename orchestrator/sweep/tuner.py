@@ -20,6 +20,7 @@ from orchestrator.sweep.experiments import Extension
 from orchestrator.sweep.interrupt import fit_watching_sigint
 from orchestrator.sweep.mlflow_start import StoreThread, import_driver_modules, mlflow_sink
 from orchestrator.sweep.progress import make_progress
+from orchestrator.sweep.writer import flush_all
 
 __all__ = ["SweepPaths", "SweepResult", "sweep_paths", "run_sweep", "make_progress", "Extension"]
 
@@ -76,6 +77,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     plan = _Plan.make(spec, paths, resume, extend)
     spec, exp = plan.spec, plan.exp
     _check_gpu_plan(spec, address)
+    if plan.storage is not None:  # the study commits per result: WAL until the sweep ends
+        from orchestrator.store.sqlite_durability import register
+
+        register(plan.optuna_db)
     # The default MLflow store is built on a thread (orchestrator/sweep/mlflow_start.py): its
     # imports overlap Ray's start, the store itself Tune's start and the first trials (the
     # result sink's writer waits for it). A store outside the sweep folder (a server) is
@@ -98,12 +103,12 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
             store = StoreThread(mlflow_sink, spec, paths)
         connect(address)
     except BaseException:
-        if store is not None:
-            store.wait(quiet=True)
+        _release_stores(store.wait(quiet=True) if store is not None else None, plan)
         if not existed:  # a failed Ray start leaves no sweep folder behind
             unlock_sweep(paths.root)
             shutil.rmtree(paths.root, ignore_errors=True)
         raise
+    mlflow = None
     try:
         paths.root.mkdir(parents=True, exist_ok=True)
         paths.spec.write_text(spec.to_yaml())
@@ -115,8 +120,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
                                    label=spec.search.metric)
         tuner = _tuner(spec, paths, plan, [sink_cb, progress], resume and not extend)
     except BaseException:  # a store half-migrated by a dying thread would not open again
-        if store is not None:
-            store.wait(quiet=True)
+        _release_stores(store.wait(quiet=True) if store is not None else mlflow, plan)
         raise
     write_manifest(paths.root, {
         "name": spec.name, "trials": plan.planned, "mlflow_uri": paths.mlflow_uri,
@@ -127,6 +131,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     try:
         _, interrupted = fit_watching_sigint(tuner)
         fit_s = time.time() - t_fit
+        flush_all()  # the Optuna study's queued writes (orchestrator/sweep/study_mirror.py)
         mlflow = store.wait() if store is not None else mlflow
         printer("[geosweep] trials ended; writing MLflow/Parquet records and the kept weights...")
         if resume and not interrupted:
@@ -144,15 +149,18 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike = "geosweep-runs",
     except BaseException as e:  # a sweep that raises (or a second Ctrl-C) is not FINISHED
         if store is not None:  # None: the store failed (its error is what is raised)
             mlflow = store.wait(quiet=True)
+        _settle(sink_cb)
         if mlflow is not None:
             mlflow.end_parent(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
                               error=f"{type(e).__name__}: {e}"[:2000])
+        _release_stores(mlflow, plan)
         raise
     # a sweep whose every trial failed did not finish; Ctrl-C is KILLED (resume continues it)
     printer("[geosweep] closing the MLflow parent run...")
     all_failed = bool(records) and counts.get("failed", 0) == len(records)
     mlflow.end_parent(status="KILLED" if interrupted else "FAILED" if all_failed
                       else "FINISHED")
+    _release_stores(mlflow, plan)
     return SweepResult(paths, records, time.time() - t0, _best(records, spec.search.mode),
                        counts, fit_s, interrupted)
 
@@ -169,6 +177,11 @@ class _Plan:
     planned: int  # trials planned, this experiment included
     storage: str | None  # the Optuna study's RDB URL (Optuna searches only)
     rdb: Any = None  # that RDB's storage once opened (else Tune's searcher opens the URL)
+
+    @property
+    def optuna_db(self) -> str:
+        """The study's sqlite file (Optuna searches only)."""
+        return self.storage[len("sqlite:///"):]
 
     @classmethod
     def make(cls, spec: SweepSpec, paths: SweepPaths, resume: bool,
@@ -199,6 +212,28 @@ class _Plan:
         if spec.search.algorithm.startswith("optuna"):
             storage = f"sqlite:///{paths.root / 'optuna.db'}"
         return cls(spec, exp, names, previous, manifest, planned, storage)
+
+
+def _settle(sink_cb: Any) -> None:
+    """A failing sweep: the writers' queued writes done before the stores are closed (their
+    errors are not the sweep's: it fails with its own)."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        sink_cb.flush()
+    with contextlib.suppress(Exception):
+        flush_all()
+
+
+def _release_stores(mlflow: Any, plan: _Plan) -> None:
+    """The sweep's sqlite stores back to plain rollback-journal files (store/
+    sqlite_durability.py): nothing of this driver writes them any more."""
+    if mlflow is not None:
+        mlflow.close()
+    if plan.storage is not None:
+        from orchestrator.store.sqlite_durability import release
+
+        release(plan.optuna_db)
 
 
 def _check_gpu_plan(spec: SweepSpec, address: str | None) -> None:
@@ -258,7 +293,8 @@ def _tuner(spec: SweepSpec, paths: SweepPaths, plan: _Plan, callbacks: list,
                          if r.get("status") in ("completed", "diverged", "stopped"))
     trainable = tune.with_resources(
         tune.with_parameters(trial_driver, plan=spec.trial_plan(),
-                             storage=str(paths.ray_storage / "train"), finished=finished),
+                             storage=str(paths.ray_storage / "train"), finished=finished,
+                             weights=spec.tracking.keep_weights != "none"),
         trial_resources(spec.resources))
     prewarm(spec.resources)
     tune_dir = paths.ray_storage / exp.name

@@ -26,6 +26,7 @@ from workloads.report import Report
 __all__ = ["train_worker", "make_payload", "OBJECTIVE"]
 
 OBJECTIVE = "objective"  # the result key Tune's searcher and scheduler read
+_BLOCKS_KEPT = 100  # report blocking times kept in a trial's timing (the latest ones)
 
 
 def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: float,
@@ -63,7 +64,8 @@ def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: fl
 
 def train_worker(config: dict[str, Any]) -> None:
     """Ray entry point. ``config``: {"workload", "rules", "metric", "params", "arm", "seed",
-    "mode": "train" | "in_trial", "gpus": the worker's GPU share (0: none)}."""
+    "mode": "train" | "in_trial", "gpus": the worker's GPU share (0: none), "weights": write
+    the final weights artifact beside the final checkpoint}."""
     t_start = time.time()
     mode = config["mode"]
     if mode == "train":
@@ -97,13 +99,19 @@ def train_worker(config: dict[str, Any]) -> None:
         resume = True
     monitor = DivergenceMonitor(rules)
     state = {"initial_loss": math.nan, "t_setup": time.time() - t_start}
+    blocks: dict[bool, list[float]] = {False: [], True: []}
 
     def report(rep: Report) -> None:
         state["initial_loss"] = rep.scalars.get("train/initial_loss", math.nan)
         first = not state.get("reported")
         state["reported"] = True
         timing = {"setup_s": state["t_setup"], "wall_s": time.time() - t_start,
-                  "train_s": rep.scalars.get("train/time_s", math.nan)}
+                  "train_s": rep.scalars.get("train/time_s", math.nan),
+                  # how long each earlier report held training up (ms), with and without a
+                  # checkpoint to persist: what the driver's handling of a result costs the
+                  # trial (benchmarks/sweep_vs_peers.py reads them from the trial record)
+                  "report_block_ms": blocks[False][-_BLOCKS_KEPT:],
+                  "checkpoint_report_ms": blocks[True][-_BLOCKS_KEPT:]}
         payload = make_payload(rep, ctx, metric, state["initial_loss"], rules, timing,
                                worst_loss=monitor.worst_loss)
         if not cfg.train.epochs:  # the progress line's ETA counts steps (sweep/progress.py)
@@ -114,8 +122,13 @@ def train_worker(config: dict[str, Any]) -> None:
             payload["_config"] = json.dumps({k: _plain(v) for k, v in flatten(cfg).items()})
         ckpt = None
         if rep.checkpoint and rank == 0:
-            ckpt = Checkpoint.from_directory(_staged(rep.checkpoint, stages))
+            stage = _staged(rep.checkpoint, stages)
+            if rep.done and config.get("weights"):
+                _prepare_weights(rep.checkpoint, stage)
+            ckpt = Checkpoint.from_directory(stage)
+        t_report = time.perf_counter()
         report_fn(payload, checkpoint=ckpt)  # persisted before it returns (sync upload)
+        blocks[ckpt is not None].append(round(1000 * (time.perf_counter() - t_report), 3))
         while len(stages) > 1:  # the last one stays until the next report (belt and braces)
             shutil.rmtree(stages.pop(0), ignore_errors=True)
 
@@ -178,6 +191,20 @@ def _release_cache() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def _prepare_weights(step_dir: str, stage: str) -> None:
+    """The final weights artifact, written here beside the final checkpoint (orchestrator/
+    store/weights.py ``prepare_weights``): the driver logs it without importing torch. Never
+    fails the trial: without it the driver builds the artifact itself, as before."""
+    from orchestrator.store.weights import prepare_weights
+
+    try:
+        prepare_weights(step_dir, stage)
+    except Exception as e:  # noqa: BLE001 - the artifact has a fallback; training is done
+        shutil.rmtree(os.path.join(stage, "model"), ignore_errors=True)
+        print(f"[geosweep] final weights not prepared in the trial ({type(e).__name__}: {e}); "
+              "the driver builds them", flush=True)
 
 
 def _staged(step_dir: str, stages: list[str]) -> str:

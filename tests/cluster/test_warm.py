@@ -62,3 +62,69 @@ def test_bad_num_cpus_is_one_line(state, capsys):
 
     assert ocli.main(["ray", "start", "--num-cpus", "zero"]) == 2
     assert "--num-cpus: 'zero' is not a positive whole number" in capsys.readouterr().err
+
+
+SWEEP = """
+name: warmjoin
+workload: {preset: gpt-debug}
+space:
+  optim.lr: {grid: [1.0e-3, 3.0e-3]}
+seeds: [0]
+search: {algorithm: grid, max_concurrent: 2}
+budget: {steps: 6, eval_every: 3, metrics_every: 0}
+resources: {workers_per_trial: 1, cpus_per_worker: 1}
+"""
+
+# the sweep as `geosweep run` runs it, in a process that reports afterwards whether it
+# imported torch (the trials train; the driver never needs it, kept weights included)
+DRIVER = """
+import sys
+from orchestrator.cli import main
+rc = main(["run", sys.argv[1], "--out", sys.argv[2]])
+print("rc", rc, "torch" in sys.modules, flush=True)
+"""
+
+JOBS = """
+import json, sys
+import ray
+ray.init(address=sys.argv[1], _node_ip_address="127.0.0.1", log_to_driver=False)
+print(json.dumps([int(j["DriverPid"]) for j in ray._private.state.jobs()]))
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sweep_joins_the_warm_ray_and_leaves_it_up(state, tmp_path):
+    """`geosweep run` with a warm Ray up: the sweep is a job of that Ray (its driver's pid in
+    the Ray's job table), the Ray is the same one, alive, when the sweep has exited, and the
+    driver imported no torch (the final weights are the trial's own files)."""
+    import subprocess
+    import sys
+
+    import orchestrator.cli as ocli
+    from cluster.local import ray_env
+    from cluster.warm import join_env
+
+    spec = tmp_path / "warmjoin.yaml"
+    spec.write_text(SWEEP)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
+    assert ocli.main(["ray", "start"]) == 0
+    try:
+        rec = warm.current()
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(spec),
+                                 str(tmp_path / "out")], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-3000:] + err[-3000:]
+        assert out.strip().splitlines()[-1] == "rc 0 False", out[-2000:]
+        assert "closing Ray" not in out
+        assert warm.current() is not None and warm.current()["pid"] == rec["pid"]
+        jobs = subprocess.run([sys.executable, "-c", JOBS, rec["address"]], text=True,
+                              capture_output=True, timeout=120,
+                              env={**env, **ray_env(), **join_env(rec),
+                                   "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+        assert jobs.returncode == 0, jobs.stderr[-2000:]
+        assert proc.pid in json.loads(jobs.stdout.strip().splitlines()[-1])
+    finally:
+        assert ocli.main(["ray", "stop"]) == 0

@@ -79,5 +79,6 @@ def make_sweep(tmp: Path, spec_text: str = SPEC) -> FakeSweep:
             state = {"step": step, "config": to_dict(cfg), "model": model.state_dict()}
             save_checkpoint(_tune_dir(root, i, tid) / f"checkpoint_{k:06d}", step, state)
         models[tid] = model.eval()
+    sink.close()  # as a sweep's driver ends: a plain rollback-journal mlflow.db, no -wal beside it
     return FakeSweep(root, spec, uri, proot, models)
 

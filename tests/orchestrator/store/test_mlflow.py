@@ -99,25 +99,49 @@ def test_resume_reuses_parent_and_child(store):
     assert c.start_parent(SPEC, {}, PROV) != parent
 
 
-def test_batched_history_complete(store, monkeypatch):
+def _metric_calls(sink, path: str, monkeypatch) -> list[int]:
+    """How many points each metric write carries: MLflow's log_batch (``mlflow``: the path of
+    a server store, or a pickled sink) or the sqlite tables directly (``direct``: the sweep's
+    own sqlite store, store/mlflow_metrics.py)."""
+    calls: list[int] = []
+    if path == "mlflow":
+        sink._points.close()
+        sink._points = None
+        real = sink.client.log_batch
+
+        def spy(run_id, metrics=(), params=(), tags=()):
+            calls.append(len(metrics))
+            return real(run_id, metrics=metrics, params=params, tags=tags)
+
+        monkeypatch.setattr(sink.client, "log_batch", spy)
+    else:
+        assert sink._points is not None
+        real_write = sink._points.write
+
+        def spy_write(run_id, metrics):
+            calls.append(len(metrics))
+            return real_write(run_id, metrics)
+
+        monkeypatch.setattr(sink._points, "write", spy_write)
+        monkeypatch.setattr(sink.client, "log_batch", lambda *a, metrics=(), **k: (
+            pytest.fail("points through MLflow's log_batch") if metrics else None))
+    return calls
+
+
+@pytest.mark.parametrize("path", ["direct", "mlflow"])
+def test_batched_history_complete(store, monkeypatch, path):
     uri, _ = store
     sink = MlflowSink(uri, "e", "sw")
     sink.start_parent(SPEC, {}, PROV)
     child = sink.start_child("t1", {})
-    calls = []
-    real = sink.client.log_batch
-
-    def spy(run_id, metrics=(), params=(), tags=()):
-        calls.append(len(metrics))
-        return real(run_id, metrics=metrics, params=params, tags=tags)
-
-    monkeypatch.setattr(sink.client, "log_batch", spy)
+    calls = _metric_calls(sink, path, monkeypatch)
     pts = _points(1, 2500)
     pts.append({"step": 2500, "split": "train", "metric": "grad_norm", "value": math.nan,
                 "wall_time": 1.0})
     assert sink.log_curve("t1", pts) == 2500 + 25 + 1
     assert sink.log_curve("t1", _points(2500, 2500)) == 0  # repeated final report
-    assert calls == [1000, 1000, 526]
+    # MLflow's per-call limit of 1000 metrics; the sqlite tables take them in one transaction
+    assert calls == ([1000, 1000, 526] if path == "mlflow" else [2526])
     assert sink.log_scalars("t1", {"val/acc": 0.5, "flag": True, "name": "x"}, step=2500) == 1
 
     client = MlflowClient(uri)
@@ -174,8 +198,9 @@ def test_running_children_lists_only_this_sweeps_unfinished_trials(store):
     assert other.running_children() == ["t9"]
 
 
-def test_log_result_one_batch_same_points_as_separate_calls(store, monkeypatch):
-    """A result's curve, scalars and model-wide rows: one log_batch, and exactly the points
+@pytest.mark.parametrize("path", ["direct", "mlflow"])
+def test_log_result_one_batch_same_points_as_separate_calls(store, monkeypatch, path):
+    """A result's curve, scalars and model-wide rows: one write, and exactly the points
     (values, steps, first value per step kept) that separate log_curve/log_scalars calls keep."""
     uri, _ = store
     sink = MlflowSink(uri, "e", "sw")
@@ -185,14 +210,7 @@ def test_log_result_one_batch_same_points_as_separate_calls(store, monkeypatch):
     sink.log_curve("sep", _points(1, 200))
     for sc, step in scal:
         sink.log_scalars("sep", sc, step)
-    calls = []
-    real = sink.client.log_batch
-
-    def spy(run_id, metrics=(), params=(), tags=()):
-        calls.append(len(metrics))
-        return real(run_id, metrics=metrics, params=params, tags=tags)
-
-    monkeypatch.setattr(sink.client, "log_batch", spy)
+    calls = _metric_calls(sink, path, monkeypatch)
     # 200 train + 2 val points, train/loss at 200 already in the curve (kept: the curve's)
     assert sink.log_result("one", _points(1, 200), scal) == 200 + 2 + 1
     assert calls == [203]

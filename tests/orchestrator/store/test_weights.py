@@ -120,6 +120,45 @@ def test_logged_weights_load_with_one_call_and_identical_logits(sweep):
     assert len(client.list_artifacts(run_id, "model")) == 4
 
 
+@pytest.mark.timeout(120)
+def test_weights_the_trial_prepared_are_logged_as_it_wrote_them(sweep, tmp_path):
+    """A trial writes its final weights beside its final checkpoint (prepare_weights, what
+    the worker does at its last report); log_weights logs those files, byte for byte what it
+    builds itself from the checkpoint, with its README."""
+    import shutil
+
+    from orchestrator.store.runs import trial_runs
+    from orchestrator.store.weights import log_weights, prepare_weights
+
+    tid = "abc12_00001"
+    ckpt = final_checkpoint(sweep.root, tid)
+    client = _client(sweep)
+    run_id = trial_runs(client, "fake")[tid]
+    log_weights(client, run_id, ckpt, trial=tid, sweep="fake")  # built here (no files)
+    built = Path(client.download_artifacts(run_id, "model", str(tmp_path / "built")))
+    # the trial's own copy: the same checkpoint folder, with model/ beside step-<08d>/
+    ray_ckpt = tmp_path / "checkpoint_000009"
+    shutil.copytree(ckpt, ray_ckpt / ckpt.name)
+    folder = prepare_weights(ray_ckpt / ckpt.name, ray_ckpt)
+    assert folder == ray_ckpt / "model" and not (folder / "README.txt").exists()
+    import orchestrator.store.weights as W
+
+    def no_build(path):
+        raise AssertionError("rebuilt the model although the trial prepared its weights")
+
+    orig, W.model_from_checkpoint = W.model_from_checkpoint, no_build
+    try:
+        log_weights(client, run_id, ray_ckpt / ckpt.name, trial=tid, sweep="fake")
+    finally:
+        W.model_from_checkpoint = orig
+    logged = Path(client.download_artifacts(run_id, "model", str(tmp_path / "logged")))
+    names = sorted(p.name for p in built.iterdir())
+    assert names == sorted(p.name for p in logged.iterdir()) == [
+        "README.txt", "config.json", "model.safetensors", "tokenizer.json"]
+    for n in names:
+        assert (built / n).read_bytes() == (logged / n).read_bytes(), n
+
+
 def test_untied_model_round_trip(tmp_path):
     from orchestrator.store.weights import save_weights
     from workloads.config import apply_overrides, preset

@@ -7,6 +7,7 @@ import shutil
 from dataclasses import dataclass, field
 
 import duckdb
+import pandas as pd
 import pytest
 import ray.cloudpickle as cloudpickle
 from mlflow import MlflowClient
@@ -470,24 +471,32 @@ def test_mlflow_store_that_fails_stops_the_sweep_and_keeps_parquet(tmp_path):
 def test_result_is_one_mlflow_transaction_with_config_params_and_changed_tags(sinks,
                                                                               monkeypatch,
                                                                               as_text):
-    """A result's points, the resolved config of the first report (JSON text, as the worker
+    """A result's points: one transaction straight into the sqlite tables (store/
+    mlflow_metrics.py); the resolved config of the first report (JSON text, as the worker
     sends it so that Tune keeps no statistics of its keys; a dict is read too) and the tags
-    that changed: one log_batch; a trial's start: create_run and one log_batch."""
+    that changed: a log_batch, none when nothing changed; a trial's start: create_run and one
+    log_batch. Nothing is read back."""
     import json
 
     ml, pq, parent, uri, root = sinks
     calls = []
     real_batch, real_create = ml.client.log_batch, ml.client.create_run
+    real_points = ml._points.write
 
     def batch(run_id, metrics=(), params=(), tags=()):
         calls.append(("batch", len(metrics), len(params), len(tags)))
         return real_batch(run_id, metrics=metrics, params=params, tags=tags)
+
+    def write(run_id, metrics):
+        calls.append(("points", len(metrics)))
+        return real_points(run_id, metrics)
 
     def create(*a, **k):
         calls.append(("create",))
         return real_create(*a, **k)
 
     monkeypatch.setattr(ml.client, "log_batch", batch)
+    monkeypatch.setattr(ml._points, "write", write)
     monkeypatch.setattr(ml.client, "create_run", create)
     monkeypatch.setattr(ml.client, "get_run", lambda *a, **k: pytest.fail("read back"))
     cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
@@ -499,14 +508,15 @@ def test_result_is_one_mlflow_transaction_with_config_params_and_changed_tags(si
     first = _payload(t, 1, 10)
     first["_config"] = json.dumps(config) if as_text else config
     cb.on_trial_result(0, [], t, first)
-    assert [c[0] for c in calls] == ["batch", "batch"]
-    assert sum(c[2] for c in calls) == 150 and calls[0][1] == 11  # 10 train + 1 val
+    assert [c[0] for c in calls] == ["points", "batch", "batch"]
+    assert calls[0] == ("points", 11)  # 10 train + 1 val (the scalars at 10: the same keys)
+    assert sum(c[2] for c in calls[1:]) == 150 and {c[1] for c in calls[1:]} == {0}
     calls.clear()
     cb.on_trial_result(0, [], t, _payload(t, 11, 20))
-    assert len(calls) == 1 and calls[0][2] == 0  # no params again, no unchanged tag
+    assert [c[0] for c in calls] == ["points"]  # no params again, no unchanged tag
     calls.clear()
     cb.on_trial_result(0, [], t, _payload(t, 21, 30, status="completed"))
-    assert len(calls) == 1 and calls[0][3] == 1  # the status tag changed
+    assert [c[0] for c in calls] == ["points", "batch"] and calls[1][3] == 1  # status tag
     cb.on_trial_complete(0, [], t)
     monkeypatch.undo()
     run = MlflowClient(uri).get_run(ml.run_id("t1"))
@@ -516,3 +526,105 @@ def test_result_is_one_mlflow_transaction_with_config_params_and_changed_tags(si
     assert run.info.status == "FINISHED"
     hist = MlflowClient(uri).get_metric_history(ml.run_id("t1"), "Loss/train")
     assert sorted(m.step for m in hist) == list(range(1, 31))
+
+
+def _count_mlflow_calls(ml, monkeypatch) -> list[str]:
+    calls: list[str] = []
+    for name in ("create_run", "log_batch", "set_terminated", "update_run"):
+        real = getattr(ml.client, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append(_name)
+            return _real(*a, **k)
+
+        monkeypatch.setattr(ml.client, name, spy)
+    return calls
+
+
+def _mlflow_state(uri: str, run_id: str) -> tuple:
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    hist = {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k))
+            for k in run.data.metrics}
+    tags = {k: v for k, v in run.data.tags.items() if k != "mlflow.parentRunId"}
+    return run.info.status, run.data.params, tags, hist
+
+
+def test_background_writer_batches_a_trials_mlflow_writes(sinks, tmp_path_factory,
+                                                          monkeypatch):
+    """Queued behind a busy writer, a trial's start, 3 results and end cost MLflow a run, ONE
+    log_batch (its params, tags, every point, its final tags) and its end; the run is the
+    one the synchronous writer (a log_batch per event) leaves, point for point."""
+    import threading
+
+    ml, pq, parent, uri, root = sinks
+    calls = _count_mlflow_calls(ml, monkeypatch)
+    gate = threading.Event()
+    bg = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=lambda: 1000.0,
+                      background=True, batch_s=3600)
+    bg._defer(lambda snap: gate.wait(30), FakeTrial("hold"))
+    # the synchronous reference, on a store of its own
+    sync_dir = tmp_path_factory.mktemp("sync")
+    shutil.copy(os.path.join(os.path.dirname(root), "mlflow.db"), sync_dir / "mlflow.db")
+    uri2, _ = default_tracking(str(sync_dir))
+    ml2 = MlflowSink(uri2, "geosweep", "sw")
+    ml2.start_parent("name: sw\n", {"sweep": "sw"}, {"git": {"sha": "x"}})
+    sync = SinkCallback(parquet=ParquetSink(str(sync_dir / "pq"), "sw"), mlflow=ml2,
+                        metric="val/loss", clock=lambda: 1000.0)
+    for cb in (bg, sync):
+        t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+        cb.on_trial_start(0, [], t)
+        first = _payload(t, 1, 10)
+        first["_config"] = {"optim.lr": 1e-3, "train.steps": 30}
+        cb.on_trial_result(0, [], t, first)
+        cb.on_trial_result(0, [], t, _payload(t, 11, 20))
+        cb.on_trial_result(0, [], t, _payload(t, 21, 30, status="completed"))
+        cb.on_trial_complete(0, [], t)
+    gate.set()
+    bg.flush()
+    assert calls == ["create_run", "log_batch", "set_terminated"]
+    assert _mlflow_state(uri, ml.run_id("t1")) == _mlflow_state(uri2, ml2.run_id("t1"))
+
+
+def test_tune_snapshot_writes_out_mlflow_batches(sinks):
+    """A running trial's batched MLflow points are in the store when Tune's experiment
+    snapshot returns (a driver killed after it must not lose them: its checkpoint is past
+    them); a running trial's Parquet record is refreshed once per batch period, its curve
+    parts at every result, its record at its end."""
+    from ray.tune.callback import CallbackList
+
+    ml, pq, parent, uri, root = sinks
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock(),
+                      background=True, batch_s=3600)
+    t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    cb.flush()  # the start's record is on disk
+    cb.on_trial_result(0, [], t, _payload(t, 1, 10))
+    cb.on_trial_result(0, [], t, _payload(t, 11, 20))
+    CallbackList([cb]).save_to_dir(root)
+    run = ml.run_id("t1")
+    hist = MlflowClient(uri).get_metric_history(run, "Loss/train")
+    assert sorted(m.step for m in hist) == list(range(1, 21))
+    rec = read_trials(root, sweep="sw").iloc[0]
+    assert rec["status"] == "running" and pd.isna(rec["last_step"])  # the start's record
+    assert len(read_curves(root, sweep="sw").query("split == 'train'")) == 20
+    cb.on_trial_complete(0, [], t)
+    cb.flush()
+    assert read_trials(root, sweep="sw").iloc[0]["last_step"] == 20
+
+
+def test_tune_keeps_no_curve_in_the_trials_last_result(tmp_path):
+    """Tune stores the result a callback saw as the trial's last_result and pickles it into
+    every experiment snapshot: the sink takes the curve, rows and config out of it (its
+    writer keeps its own copy) and leaves what the searcher and the progress line read."""
+    cb = SinkCallback(parquet=ParquetSink(str(tmp_path), "s"), sweep="s", background=True)
+    t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    result = _payload(t, 1, 10)
+    result["_config"] = "{}"
+    cb.on_trial_result(0, [], t, result)
+    assert not {"_curve", "_rows", "_config"} & set(result)
+    assert result["_status"] == "running" and result["val/loss"] == 2.0
+    cb.flush()
+    assert len(read_curves(str(tmp_path), sweep="s")) == 11
+    assert len(read_metrics(str(tmp_path), sweep="s")) == 3

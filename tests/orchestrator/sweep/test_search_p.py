@@ -389,6 +389,7 @@ def test_study_lives_in_the_rdb_and_survives_a_searcher_restore(tmp_path):
     searcher (what Tune checkpoints and restores on resume) keeps writing to the same study."""
     from orchestrator.sweep.search_p import storage_url
     from orchestrator.sweep.space import build_search
+    from orchestrator.sweep.writer import flush_all
 
     spec = _spec(6)
     url = storage_url(tmp_path)
@@ -415,6 +416,7 @@ def test_study_states_tell_the_truth(tmp_path):
     FAIL (issue 17 §2). Driven through the real searcher build_search hands to Tune."""
     from orchestrator.sweep.search_p import storage_url
     from orchestrator.sweep.space import build_search
+    from orchestrator.sweep.writer import flush_all
 
     spec = _spec(6)
     url = storage_url(tmp_path)
@@ -429,6 +431,7 @@ def test_study_states_tell_the_truth(tmp_path):
         searcher.on_trial_result(f"t{i}", {**result, "training_iteration": 1})
         searcher.on_trial_complete(f"t{i}", result, error=error)
     searcher.on_trial_complete("t0", ends[0][0])  # a second completion changes nothing
+    flush_all()  # the study's writes reach optuna.db on a writer thread (sweep/study_mirror.py)
     study = optuna.load_study(study_name=spec.name, storage=url)
     S = optuna.trial.TrialState
     assert [t.state for t in study.trials] == [S.COMPLETE, S.COMPLETE, S.PRUNED, S.FAIL]

@@ -1,0 +1,106 @@
+"""Metric points written straight into the sqlite tables (store/mlflow_metrics.py) are the
+rows MLflow's own log_batch writes for the same points, batch after batch: NaN and infinities,
+equal points in a batch and across batches, several points of a key in one batch, ties of
+the latest value broken by timestamp and value, an older step after a newer one."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sqlite3
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+
+from orchestrator.store.mlflow_metrics import SqliteMetrics
+
+pytestmark = pytest.mark.timeout(120)
+
+BATCHES = [
+    [Metric("a", 1.0, 1000, 1), Metric("a", 0.5, 1001, 2), Metric("b", math.nan, 1000, 1)],
+    [Metric("a", 0.25, 1002, 3), Metric("a", 0.25, 1002, 3),  # equal points in one batch
+     Metric("b", math.inf, 1003, 2), Metric("c", -math.inf, 1003, 5)],
+    [Metric("a", 0.25, 1002, 3),  # a point already logged: skipped, as MLflow skips it
+     Metric("a", 9.0, 900, 1),  # an older step: the latest value stays
+     Metric("c", 2.0, 1003, 5), Metric("c", 1.0, 1003, 5),  # a tie on step and time: value
+     Metric("d", 3.0, 2000, 7), Metric("d", 4.0, 1999, 7)],  # a tie on step: time
+    [Metric("b", 7.0, 5, 2), Metric("e", -0.0, 0, 0)],  # same step as b's inf, older time
+]
+
+
+def _store(tmp_path, template, name):
+    db = tmp_path / f"{name}.db"
+    shutil.copy(template, db)
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.create_experiment("x")
+    return db, client, client.create_run(exp).info.run_id
+
+
+@pytest.fixture()
+def template(tmp_path_factory):
+    path = tmp_path_factory.getbasetemp() / "metrics-template.db"
+    if not path.exists():
+        MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def _rows(db, run_id):
+    con = sqlite3.connect(db)
+    try:
+        m = sorted(con.execute("SELECT key, value, timestamp, step, is_nan FROM metrics "
+                               "WHERE run_uuid = ?", (run_id,)))
+        latest = sorted(con.execute("SELECT key, value, timestamp, step, is_nan FROM "
+                                    "latest_metrics WHERE run_uuid = ?", (run_id,)))
+    finally:
+        con.close()
+    return m, latest
+
+
+def test_rows_are_mlflows_batch_after_batch(tmp_path, template):
+    db_a, client, run_a = _store(tmp_path, template, "mlflow")
+    db_b, _, run_b = _store(tmp_path, template, "direct")
+    direct = SqliteMetrics.open(str(db_b))
+    assert direct is not None
+    try:
+        for batch in BATCHES:
+            client.log_batch(run_a, metrics=batch)
+            direct.write(run_b, batch)
+            assert _rows(db_b, run_b) == _rows(db_a, run_a)
+    finally:
+        direct.close()
+    metrics, latest = _rows(db_b, run_b)
+    assert len(metrics) == 13  # 15 points, 2 of them equal to one already there
+    assert dict((k, (v, s)) for k, v, _, s, _ in latest)["c"] == (2.0, 5)
+    # and MLflow reads them as its own
+    reader = MlflowClient(f"sqlite:///{db_b}")
+    hist = reader.get_metric_history(run_b, "b")
+    assert [(m.step, m.value) for m in sorted(hist, key=lambda m: m.timestamp)][0][1] == 7.0
+    assert math.isnan(next(m.value for m in hist if m.step == 1))
+    assert reader.get_run(run_b).data.metrics == client.get_run(run_a).data.metrics
+
+
+def test_a_store_of_other_columns_is_left_to_mlflow(tmp_path):
+    db = tmp_path / "other.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE metrics (key TEXT, value REAL, timestamp INT, run_uuid TEXT, "
+                "step INT, is_nan INT, model_id TEXT)")
+    con.execute("CREATE TABLE latest_metrics (key TEXT, value REAL, timestamp INT, step INT, "
+                "is_nan INT, run_uuid TEXT)")
+    con.commit()
+    con.close()
+    assert SqliteMetrics.open(str(db)) is None
+
+
+def test_a_run_that_is_not_active_is_refused_and_nothing_written(tmp_path, template):
+    db, client, run = _store(tmp_path, template, "deleted")
+    client.delete_run(run)
+    direct = SqliteMetrics.open(str(db))
+    try:
+        with pytest.raises(RuntimeError, match="not an active run"):
+            direct.write(run, BATCHES[0])
+        with pytest.raises(RuntimeError, match="not found"):
+            direct.write("0" * 32, BATCHES[0])
+    finally:
+        direct.close()
+    assert _rows(db, run) == ([], [])
