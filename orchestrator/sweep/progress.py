@@ -9,6 +9,10 @@ counted in training steps (each result says the step it reached and the trial's 
 as done (its slot is free), and the rate so far (steps per second since the first trial
 started) gives the time the remaining steps take. ASHA stopping trials early makes it
 pessimistic; it shrinks as trials end.
+
+A resumed sweep: the trials that were over before this driver started count as done, but
+not toward the rate (their steps took none of this driver's time), and the best value and the
+diverged count include them (read from what Tune restored of their last result).
 """
 
 from __future__ import annotations
@@ -39,17 +43,20 @@ _START: float | None = None
 
 
 def eta_seconds(total: int, budget: float | None, reached: dict[str, float],
-                ended: set[str], work_s: float) -> float | None:
+                ended: set[str], work_s: float, before: set[str] = frozenset()) -> float | None:
     """Seconds left, from steps done per second so far (None: nothing to go on yet).
-    ``reached``: trial -> step reached; ``ended``: trials that are over (their budget done)."""
+    ``reached``: trial -> step reached; ``ended``: trials that are over (their budget done);
+    ``before``: the ended trials that were over before ``work_s`` began (a resume's: done,
+    but no part of the rate)."""
     if not budget or work_s <= 0:
         return None
     done = sum(budget if t in ended else min(s, budget) for t, s in reached.items())
     done += budget * len(ended - set(reached))
-    if done <= 0:
+    now = done - budget * len(before & ended)
+    if now <= 0:
         return None
     left = total * budget - done
-    return max(0.0, left / (done / work_s))
+    return max(0.0, left / (now / work_s))
 
 
 def make_progress():
@@ -71,28 +78,49 @@ def make_progress():
             self.diverged: set[str] = set()
             self.reached: dict[str, float] = {}
             self.budget: float | None = None
+            self.before: set[str] | None = None  # trials over when this driver first looked
 
-        def on_trial_start(self, iteration, trials, trial, **info):
-            if self.t_first is None:
-                self.t_first = time.time()
+        def _restored(self, trials) -> None:
+            """Once, before any trial of this driver ends: a resume's finished trials."""
+            if self.before is not None:
+                return
+            self.before = set()
+            for t in trials:
+                if t.status not in ("TERMINATED", "ERROR"):
+                    continue
+                self.before.add(t.trial_id)
+                self._count(t.trial_id, getattr(t, "last_result", None) or {})
 
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            if self.t_first is None:
-                self.t_first = time.time()
-            if result.get("step") is not None:
-                self.reached[trial.trial_id] = float(result["step"])
+        def _count(self, trial_id: str, result: dict) -> None:
             if result.get("_budget"):
                 self.budget = float(result["_budget"])
             if result.get("_status") == "diverged":
-                self.diverged.add(trial.trial_id)
+                self.diverged.add(trial_id)
                 return
             v = result.get(self.metric)
-            if v is None or not math.isfinite(v):
+            if v is None or not isinstance(v, (int, float)) or not math.isfinite(v):
                 return
             if self.best is None or (v < self.best if self.mode == "min" else v > self.best):
                 self.best = v
 
+        def on_step_begin(self, iteration, trials, **info):
+            self._restored(trials)
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self._restored(trials)
+            if self.t_first is None:
+                self.t_first = time.time()
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            self._restored(trials)
+            if self.t_first is None:
+                self.t_first = time.time()
+            if result.get("step") is not None:
+                self.reached[trial.trial_id] = float(result["step"])
+            self._count(trial.trial_id, result)
+
         def on_step_end(self, iteration, trials, **info):
+            self._restored(trials)
             now = time.time()
             if now - self.last >= self.every_s:
                 self.last = now
@@ -112,7 +140,8 @@ def make_progress():
             total = max(self.total, len(trials))
             ended = {t.trial_id for t in trials if t.status in ("TERMINATED", "ERROR")}
             work = now - self.t_first if self.t_first is not None else 0.0
-            left = eta_seconds(total, self.budget, self.reached, ended, work)
+            left = eta_seconds(total, self.budget, self.reached, ended, work,
+                               self.before or set())
             if done + failed >= total:
                 left = 0.0
             eta = "?" if left is None else f"{left:.0f}s"
