@@ -7,6 +7,7 @@ found every experiment of the store is searched.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ __all__ = ["sweep_tracking_uri", "store_problem", "store_broken", "trial_runs", 
            "log_report", "view_experiment"]
 
 _MAX_RUNS = 50000  # the SQL store's search_runs page limit
+_FEW = 8  # trial_runs: up to this many trials are looked up one by one
 
 
 def sweep_tracking_uri(sweep_dir: str | Path) -> str:
@@ -46,19 +48,32 @@ def store_broken(uri: str, e: BaseException) -> str | None:
     return f"{found.message}" if found else None
 
 
-def trial_runs(client: Any, sweep: str, experiment: str | None = None) -> dict[str, str]:
-    """``{trial id: child run id}`` of the sweep's trials."""
+def trial_runs(client: Any, sweep: str, experiment: str | None = None,
+               trials: Iterable[str] | None = None) -> dict[str, str]:
+    """``{trial id: child run id}`` of the sweep's trials (of ``trials`` only, when given).
+
+    ``trials``: one small search per trial instead of one of the whole sweep: MLflow's
+    ``search_runs`` loads every found run's params, tags and latest metrics (measured: 0.28
+    CPU-s for 100 runs of 60 params and 24 metrics, 0.011 for one), which a sweep's end paid
+    for all its trials to find the one whose weights it keeps."""
     exp = client.get_experiment_by_name(experiment or sweep)
     ids = [exp.experiment_id] if exp else [e.experiment_id for e in client.search_experiments()]
     if not ids:
         return {}
     query = f"tags.`geosweep.sweep` = '{sweep}'"
-    runs = client.search_runs(ids, query, max_results=_MAX_RUNS)
+    wanted = None if trials is None else sorted({str(t) for t in trials})
+    if wanted is None or len(wanted) > _FEW or any("'" in t or "\\" in t for t in wanted):
+        runs = client.search_runs(ids, query, max_results=_MAX_RUNS)
+    else:
+        runs = [r for t in wanted for r in client.search_runs(
+            ids, f"{query} and tags.`geosweep.trial_id` = '{t}'", max_results=_MAX_RUNS)]
     out: dict[str, str] = {}
     for r in sorted(runs, key=lambda r: r.info.start_time or 0):
         tid = r.data.tags.get("geosweep.trial_id")
         if tid and r.data.tags.get("geosweep.role", "child") == "child":
             out[tid] = r.info.run_id
+    if wanted is not None:
+        out = {t: out[t] for t in wanted if t in out}
     return out
 
 

@@ -269,7 +269,8 @@ def keep_weights(spec: Any, sweep_dir: str | os.PathLike, records: list[dict[str
     if not chosen:
         return {}
     try:
-        runs = trial_runs(client, spec.name, spec.tracking.experiment)
+        runs = trial_runs(client, spec.name, spec.tracking.experiment,
+                          trials=[str(r["trial"]) for r in chosen])
     except Exception as e:  # noqa: BLE001 - a finished sweep must not fail here
         printer(f"[geosweep] warning: final weights not kept (MLflow: {type(e).__name__}: {e})")
         return {}

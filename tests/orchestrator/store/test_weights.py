@@ -84,6 +84,22 @@ def test_model_from_checkpoint_is_the_saved_model(sweep):
 
 
 @pytest.mark.timeout(120)
+def test_trial_runs_of_a_few_trials_are_the_whole_searchs(sweep):
+    """keep_weights looks up only the trials it keeps: the same run ids as the whole search."""
+    from orchestrator.store.runs import trial_runs
+
+    client = _client(sweep)
+    full = trial_runs(client, "fake")
+    assert set(full) == set(TRIALS)
+    for tid in TRIALS:
+        assert trial_runs(client, "fake", trials=[tid]) == {tid: full[tid]}
+    assert trial_runs(client, "fake", trials=list(TRIALS)) == full
+    assert trial_runs(client, "fake", trials=["no_such_trial"]) == {}
+    # a quote is never put in a filter: the whole search, cut to the trials asked for
+    assert trial_runs(client, "fake", trials=["x' or '1'='1"]) == {}
+
+
+@pytest.mark.timeout(120)
 def test_logged_weights_load_with_one_call_and_identical_logits(sweep):
     from safetensors import safe_open
 
