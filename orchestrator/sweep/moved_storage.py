@@ -59,6 +59,10 @@ def rehome_search_state(tune_dir: str | os.PathLike, storage_path: str | os.Path
     moved = 0
     for pattern in STATE_FILES:
         for f in sorted(Path(tune_dir).glob(pattern)):
+            # Tune's own searcher state (cloudpickle is its format): Tuner.restore, called
+            # right after this, unpickles the same file, so reading it here opens nothing a
+            # resume did not already trust: resume only folders you made
+            # (docs/reliability.md, "Foreign code in a model folder or checkpoint")
             state = cloudpickle.loads(f.read_bytes())
             n = _rehome(state, storage_fs_path, name, set())
             if not n:
