@@ -269,7 +269,8 @@ def test_existing_folder_flags(flag: str, tmp_path: Path, warm, monkeypatch):
     # a sweep.json as `run` writes it: a resume checks where the folder's files say it writes
     (out / "bad" / "sweep.json").write_text('{"name": "bad", "trials": 1}')
     calls = []
-    monkeypatch.setattr(cli, "execute", lambda s, o, a, resume, keep_ray=False: calls.append((o, resume)) or 0)
+    monkeypatch.setattr(cli, "execute", lambda s, o, a, resume, keep_ray=False:
+                        calls.append((o, resume)) or 0)
     assert warm(["run", str(spec), "--out", str(out), flag]) == 0
     assert calls == [(out.resolve(), flag == "--resume")]
     assert (out / "bad" / "sweep.json").exists() == (flag == "--resume")

@@ -389,7 +389,6 @@ def test_study_lives_in_the_rdb_and_survives_a_searcher_restore(tmp_path):
     searcher (what Tune checkpoints and restores on resume) keeps writing to the same study."""
     from orchestrator.sweep.search_p import storage_url
     from orchestrator.sweep.space import build_search
-    from orchestrator.sweep.writer import flush_all
 
     spec = _spec(6)
     url = storage_url(tmp_path)
