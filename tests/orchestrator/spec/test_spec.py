@@ -381,3 +381,26 @@ def test_powered_specs_rerun_their_source_with_more_seeds(powered, source, claim
             assert getattr(c, f) == getattr(src, f), (c.id, f)
         for side in (c.arm, c.baseline):
             assert _matches(trials, side).sum() == len(p.seeds), (c.id, side)
+
+
+def test_norm_ablation_n_is_the_ngpt_init_half_of_norm_ablation():
+    """docs/results/norm_ablation_n.yaml (docs/results.md §0b) is norm_ablation's workload,
+    budget, rules and seeds on a part of its grid: the sphere families at alpha_init 0.05 and
+    Pre-LN, with norm_ablation's own A1n and A2n, so its verdicts answer the shipped claims."""
+    from pathlib import Path
+
+    from orchestrator.sweep.space import grid_trials
+
+    root = Path(__file__).resolve().parents[3]
+    half, full = load_spec(str(root / "docs/results/norm_ablation_n.yaml")), \
+        load_spec("norm_ablation")
+    for field in ("workload", "budget", "divergence", "resources", "seeds", "search"):
+        assert getattr(half, field) == getattr(full, field), field
+    assert [c for c in full.claims if c.id in ("A1n", "A2n")] == list(half.claims)
+    key = lambda t: tuple(sorted(t.items()))  # noqa: E731
+    part, whole = {key(t) for t in grid_trials(half)}, {key(t) for t in grid_trials(full)}
+    assert part <= whole and len(part) == 147
+    expected = {key(t) for t in grid_trials(full)
+                if t["model.residual.family"] == "pre_ln"
+                or t.get("model.residual.alpha_init") == 0.05}
+    assert part == expected
