@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from cluster.ray_loopback import is_loopback_address, loopback_env, loopback_in_effect
+from cluster.start_retry import init_with_retry
 
 __all__ = ["ray_env", "prepare", "connect", "shutdown", "started_here", "worker_env",
            "RayStartError"]
@@ -118,7 +119,10 @@ def connect(address: str | None = None, num_cpus: float | None = None,
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, **kwargs)
+            # a raylet that misses Ray's fixed 30 s window on a busy machine: once more
+            init_with_retry(lambda: ray.init(num_cpus=num_cpus, include_dashboard=False,
+                                             _temp_dir=temp_dir, **kwargs),
+                            log=lambda m: print(f"[geosweep] {m}", file=sys.stderr))
             _STARTED = True
     except Exception as e:  # noqa: BLE001 - Ray raises many kinds; the user needs one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
