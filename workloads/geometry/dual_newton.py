@@ -129,6 +129,16 @@ class GramProblem:
         pb.C, pb.G1, pb.M = C, G1, M
         return pb
 
+    def subset(self, idx: torch.Tensor) -> GramProblem:
+        """The problems ``idx`` (1-d indices into a 1-d batch) of this one, at its current mu."""
+        sub = GramProblem.__new__(GramProblem)
+        sub.P, sub.mu2, sub.n, sub.dtype, sub.cg_dtype = (self.P, self.mu2, self.n, self.dtype,
+                                                          self.cg_dtype)
+        sub.M, sub.G1, sub.C = self.M[idx], self.G1[idx], self.C[idx]
+        if hasattr(self, "_m_is_eye"):  # a subset of I's is I's
+            sub._m_is_eye = self._m_is_eye
+        return sub
+
     def m_is_eye(self) -> bool:
         """Whether every M = W^T W is I to ~fp32 round-off (one host sync, then cached)."""
         if not hasattr(self, "_m_is_eye"):
@@ -224,18 +234,50 @@ def _newton_direction(pb: GramProblem, st: dict, cg_iters: int,
     return D
 
 
+def _take(st: dict, idx: torch.Tensor) -> dict:
+    """The entries ``idx`` of a state's 1-d batch."""
+    return {k: v[idx] for k, v in st.items()}
+
+
+def _put(st: dict, idx: torch.Tensor, sub: dict) -> dict:
+    """``st`` with the entries ``idx`` of its batch replaced by ``sub``'s (same keys)."""
+    return {k: st[k].index_copy(0, idx, sub[k]) for k in sub}
+
+
+def _subset(mask: torch.Tensor) -> torch.Tensor | None:
+    """The indices where ``mask`` (a 1-d batch) holds, or None when it holds everywhere (or
+    the batch is not 1-d): the work then runs on the whole batch, with no gather."""
+    if mask.ndim != 1 or bool(mask.all()):
+        return None
+    return mask.nonzero().squeeze(-1)
+
+
 def _newton_pass(pb: GramProblem, st: dict, active: torch.Tensor, cg_iters: int) -> dict:
-    """One Newton step with a per-matrix Armijo backtrack on f; inactive matrices stay put.
+    """One Newton step with a per-matrix Armijo backtrack on f; inactive matrices stay put
+    (their state is kept as it is: the pass runs on the active ones only, so a matrix that
+    met its tolerance costs no eigh and no CG while the others go on; one gather a pass).
 
     Every trial step costs an eigh, as a pass does. Far from the optimum (real training
     gradients are near rank-deficient, so X = G + 2 W Lambda has singular values ~mu there
     and the full Newton step overshoots) plain halving backtracked about once per pass. So
     each matrix starts at twice its previous pass's accepted step (capped at 1; 1 on a rung's
     first pass) and backtracks to the minimiser of the quadratic through f(0), f'(0) and f(t),
-    safeguarded to [t/10, t/2] (docs/science.md §3.2).
+    safeguarded to [t/10, t/2] (docs/science.md §3.2); a backtrack re-evaluates only the
+    matrices whose step was refused.
     """
+    idx = _subset(active)
+    if idx is not None:
+        if "t" not in st:  # a rung's first pass: the kept matrices' step entry, for _put
+            st = {**st, "t": torch.ones_like(st["f"])}
+        return _put(st, idx, _pass(pb.subset(idx), _take(st, idx), None, cg_iters))
+    return _pass(pb, st, active, cg_iters)
+
+
+def _pass(pb: GramProblem, st: dict, active: torch.Tensor | None, cg_iters: int) -> dict:
+    """``_newton_pass`` on the batch as given (``active`` None: every matrix)."""
     D = _newton_direction(pb, st, cg_iters)
-    D = torch.where(active[..., None, None], D, 0.0)
+    if active is not None:
+        D = torch.where(active[..., None, None], D, 0.0)  # a batch that is not 1-d: masked
     slope = _dot(st["H"], D).squeeze(-1).squeeze(-1)  # <= 0
     t = (2.0 * st["t"]).clamp(max=1.0) if "t" in st else torch.ones_like(st["f"])
     L = st["L"]
@@ -255,7 +297,10 @@ def _newton_pass(pb: GramProblem, st: dict, active: torch.Tensor, cg_iters: int)
         curv = (new["f"] - st["f"] - t * slope).clamp_min(torch.finfo(t.dtype).tiny)
         t_q = (-slope * t * t / (2.0 * curv)).clamp(min=0.1 * t, max=0.5 * t)
         t = torch.where(ok, t, t_q)
-        new = pb.state(L + t[..., None, None] * D)
+        Lt = L + t[..., None, None] * D
+        redo = _subset(~ok)
+        new = pb.state(Lt) if redo is None else _put(
+            new, redo, pb.subset(redo).state(Lt[redo]))
     new["t"] = t
     return new
 
