@@ -78,7 +78,11 @@ def ladder_floor(mode: str, n: int, small: torch.dtype) -> float:
     floor = resolution(n, small)
     return max(floor, FAST_FLOOR) if mode == "fast" else floor
 MU_START = 0.1  # a cold solve's first smoothing rung, ||G||_F = 1 units (dual_newton)
-WARM_RUNGS = 3.1622776601683795  # a warm start begins one rung above where the previous step ended
+# A warm start begins one rung above where the previous step ended, or on it for ``fast``
+# Stiefel (its square case is closed-form; on captured gpt-debug all_stiefel tall batches 8.4
+# passes instead of 10.4, 25% less CPU, the same worst residual 4.9e-5 and direction error;
+# DGram's square matrices started on that rung fell to residual ~8e-2)
+WARM_RUNGS = 3.1622776601683795
 _F64 = torch.float64
 
 
@@ -208,7 +212,8 @@ def _newton(G: torch.Tensor, W: torch.Tensor, P: Projector, opts: DualOptions,
     if L0 is not None:
         L0 = L0.to(dtype) * c[..., None, None]  # the scaled W's multiplier
         prior = 0.0 if mu0 is None or mu0.shape != c.shape else float(mu0.max())
-        start, L = min(MU_START, WARM_RUNGS * max(floor, prior)), P(0.5 * (L0 + L0.mT))
+        rungs = 1.0 if P is identity and opts.mode == "fast" else WARM_RUNGS
+        start, L = min(MU_START, rungs * max(floor, prior)), P(0.5 * (L0 + L0.mT))
     else:
         # fast: a short ladder (its floor is fp32's resolution, ~1e-3..1e-2: three rungs);
         # exact: from MU_START down to fp64's
