@@ -139,6 +139,7 @@ class MlflowSink:
         # run id -> param keys it holds (this process is the runs' only writer): a param is
         # logged once, without reading the run back before every batch
         self._param_keys: dict[str, set[str]] = {}
+        self._stored: dict[str, str] = {}  # trial id -> run id in the store (start_parent)
 
     def __getstate__(self) -> dict:  # a pickled sink logs its points through MLflow's client
         return {**self.__dict__, "_points": None}
@@ -160,6 +161,7 @@ class MlflowSink:
         else:
             self.client.update_run(run_id, status="RUNNING")
         self.parent_id = run_id
+        self._stored = self._stored_children()
         tags = {f"{TAG}{k}": v for k, v in provenance.items() if not isinstance(v, dict)}
         for k, v in provenance.items():
             if isinstance(v, dict):
@@ -172,6 +174,20 @@ class MlflowSink:
                              "provenance.json")
         return run_id
 
+    def _stored_children(self) -> dict[str, str]:
+        """trial id -> run id of this sweep's child runs in the store now (one search; a new
+        sweep has none): ``start_child`` looks a trial up here, not with a search per trial
+        (this process is the sweep's only writer: the sweep folder's lock)."""
+        filt = f"tags.`{TAG}sweep` = '{self.sweep}' and tags.`{TAG}role` = 'child'"
+        runs = self.client.search_runs([self.experiment_id], filter_string=filt,
+                                       max_results=50000)
+        out: dict[str, str] = {}
+        for r in runs:  # MLflow's order, newest first: a trial's run is the one _find gives
+            tid = r.data.tags.get(f"{TAG}trial_id")
+            if tid is not None:
+                out.setdefault(tid, r.info.run_id)
+        return out
+
     def start_child(self, trial_id: str, params: dict, tags: dict | None = None,
                     name: str | None = None) -> str:
         """The trial's child run, created once: a resumed trial gets its old run back.
@@ -182,7 +198,7 @@ class MlflowSink:
             run_id = self._children[trial_id]
         else:
             ident = {f"{TAG}sweep": self.sweep, f"{TAG}trial_id": trial_id}
-            run_id = self._find(ident)
+            run_id = self._stored.get(trial_id)
             if run_id is None:  # created RUNNING, with no params yet
                 run = self.client.create_run(
                     self.experiment_id, run_name=name or trial_id,
@@ -224,13 +240,12 @@ class MlflowSink:
         ``log_batch`` as the tags."""
         if status not in _END_STATUS:
             raise ValueError(f"status={status!r}: use one of {sorted(_END_STATUS)}")
-        run_id = self._run(trial_id)
         tags = {f"{TAG}status": status, **(tags or {})}
         if tags.get(f"{TAG}reason"):  # the first thing the run's page shows
             tags[NOTE_TAG] = f"**{status}**: {tags[f'{TAG}reason']}"
         self._log_metrics(trial_id, *self._result_groups(trial_id, results),
-                          params=params or {}, tags=tags)
-        self.client.set_terminated(run_id, status=_END_STATUS[status])
+                          params=params or {}, tags=tags,
+                          end=(_END_STATUS[status], int(time.time() * 1000)))
 
     def end_parent(self, status: str = "FINISHED", error: str | None = None) -> None:
         """Terminate the parent run (FINISHED | FAILED | KILLED); ``error``: why it failed."""
@@ -323,9 +338,10 @@ class MlflowSink:
         self.client.log_artifact(self._run(None), path, artifact_path)
 
     def _log_metrics(self, trial_id: str | None, *groups: list[tuple],
-                     params: dict | None = None, tags: dict | None = None) -> int:
+                     params: dict | None = None, tags: dict | None = None,
+                     end: tuple[str, int] | None = None) -> int:
         """Each group sorted by step, groups in order; every kept point in one batch (with
-        ``params`` and ``tags``, when given)."""
+        ``params`` and ``tags``, when given, and the run's ``end``: see ``_log_batch``)."""
         run_id = self._run(trial_id)
         now = int(time.time() * 1000)
         batch = []
@@ -336,7 +352,7 @@ class MlflowSink:
                     continue  # at most once per step (resume, repeated final report)
                 self._last_step[(trial_id, key)] = step
                 batch.append(Metric(key, value, ts if ts is not None else now, step))
-        self._log_batch(run_id, batch, params or {}, tags or {})
+        self._log_batch(run_id, batch, params or {}, tags or {}, end)
         return len(batch)
 
     def log_params(self, trial_id: str | None, params: dict) -> None:
@@ -350,9 +366,11 @@ class MlflowSink:
         self._log_batch(run_id, tags=tags)
 
     def _log_batch(self, run_id: str, metrics: list[Metric] = (), params: dict | None = None,
-                   tags: dict | None = None) -> None:
-        """Metrics, new params and tags of one run in as few ``log_batch`` calls (sqlite
-        transactions) as MLflow's per-call limits allow; nothing to log: no call."""
+                   tags: dict | None = None, end: tuple[str, int] | None = None) -> None:
+        """Metrics, new params and tags of one run, then with ``end`` = (MLflow status, end
+        time in ms) the run terminated: on the sweep's own sqlite store one transaction
+        (store/mlflow_metrics.py), elsewhere as few ``log_batch`` calls as MLflow's per-call
+        limits allow and ``set_terminated``; nothing to log: no call."""
         have = self._param_keys.get(run_id)
         if have is None and params:  # a run found again: the params it already holds
             have = self._param_keys[run_id] = set(self.client.get_run(run_id).data.params)
@@ -363,12 +381,14 @@ class MlflowSink:
         ts = [RunTag(_key(k), redact(_text(v), secrets)[:_MAX_TAG_LEN])
               for k, v in (tags or {}).items() if v is not None]
         ms = list(metrics)
-        if ms and self._points is not None:
-            self._points.write(run_id, ms)
-            ms = []
+        if self._points is not None and (ms or ps or ts or end):
+            self._points.write(run_id, ms, ps, ts, end)
+            ms, ps, ts, end = [], [], [], None
         while ms or ps or ts:
             self.client.log_batch(run_id, metrics=ms[:_MAX_METRICS],
                                   params=ps[:_MAX_PARAMS_TAGS], tags=ts[:_MAX_PARAMS_TAGS])
             ms, ps, ts = ms[_MAX_METRICS:], ps[_MAX_PARAMS_TAGS:], ts[_MAX_PARAMS_TAGS:]
+        if end is not None:
+            self.client.set_terminated(run_id, status=end[0], end_time=end[1])
         if flat:
             self._param_keys.setdefault(run_id, set()).update(flat)

@@ -75,7 +75,7 @@ def test_parent_child_structure_tags_params_and_spec(store, tmp_path):
     assert os.path.exists(os.path.join(art))
 
 
-def test_resume_reuses_parent_and_child(store):
+def test_resume_reuses_parent_and_child(store, monkeypatch):
     uri, _ = store
     a = MlflowSink(uri, "e", "sw")
     parent = a.start_parent(SPEC, {"x": 1}, PROV)
@@ -84,13 +84,20 @@ def test_resume_reuses_parent_and_child(store):
     # a fresh driver process (crash + resume): same runs, no duplicates
     b = MlflowSink(uri, "e", "sw")
     assert b.start_parent(SPEC, {"x": 1, "y": 2}, PROV) == parent
+    # the sweep's children were read once by start_parent: a trial start searches nothing
+    searches = []
+    real = b.client.search_runs
+    monkeypatch.setattr(b.client, "search_runs", lambda *a, **k: searches.append(1) or real(
+        *a, **k))
     assert b.start_child("t1", {"optim.lr": 0.1}) == child
     assert b.start_child("t1", {"optim.lr": 0.1}) == child
+    other = b.start_child("t2", {"optim.lr": 0.2})
+    assert searches == [] and other != child
     # the resumed trial re-reports steps 41..50 (lost segment) then continues to 60
     assert b.log_curve("t1", _points(41, 60, offset=1.0)) == 10
     client = MlflowClient(uri)
     runs = client.search_runs([b.experiment_id])
-    assert sorted(r.info.run_id for r in runs) == sorted([parent, child])
+    assert sorted(r.info.run_id for r in runs) == sorted([parent, child, other])
     hist = client.get_metric_history(child, "Loss/train")  # train/loss: docs/metrics.md §N
     assert sorted(m.step for m in hist) == list(range(1, 61))
     assert client.get_run(parent).data.params == {"x": "1", "y": "2"}
@@ -118,9 +125,10 @@ def _metric_calls(sink, path: str, monkeypatch) -> list[int]:
         assert sink._points is not None
         real_write = sink._points.write
 
-        def spy_write(run_id, metrics):
-            calls.append(len(metrics))
-            return real_write(run_id, metrics)
+        def spy_write(run_id, metrics=(), params=(), tags=(), end=None):
+            if metrics:
+                calls.append(len(metrics))
+            return real_write(run_id, metrics, params, tags, end)
 
         monkeypatch.setattr(sink._points, "write", spy_write)
         monkeypatch.setattr(sink.client, "log_batch", lambda *a, metrics=(), **k: (

@@ -104,3 +104,81 @@ def test_a_run_that_is_not_active_is_refused_and_nothing_written(tmp_path, templ
     finally:
         direct.close()
     assert _rows(db, run) == ([], [])
+
+
+def _run_rows(db, run_id):
+    con = sqlite3.connect(db)
+    try:
+        params = sorted(con.execute("SELECT key, value FROM params WHERE run_uuid = ?",
+                                    (run_id,)))
+        tags = sorted(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)))
+        run = con.execute("SELECT name, status, end_time, lifecycle_stage FROM runs "
+                          "WHERE run_uuid = ?", (run_id,)).fetchone()
+    finally:
+        con.close()
+    return params, tags, run
+
+
+def test_params_tags_and_end_are_mlflows(tmp_path, template):
+    """Params (new keys; an equal one again is skipped), tags (set again, a repeated key's last
+    value, a value past MLflow's limit truncated as MLflow truncates it, mlflow.runName also
+    renaming the run) and the end (status, end time) are the rows of MLflow's log_batch and
+    set_terminated, batch after batch."""
+    from mlflow.entities import Param, RunTag
+
+    db_a, client, run_a = _store(tmp_path, template, "mlflow")
+    db_b, client_b, run_b = _store(tmp_path, template, "direct")
+    for c, r in ((client, run_a), (client_b, run_b)):  # the same name to start from
+        c.set_tag(r, "mlflow.runName", "r0")
+    direct = SqliteMetrics.open(str(db_b))
+    batches = [
+        ([Param("lr", "0.1"), Param("seed", "0")], [RunTag("a", "1"), RunTag("b", "x" * 9000)]),
+        ([Param("lr", "0.1"), Param("depth", "4")],
+         [RunTag("a", "2"), RunTag("c", "3"), RunTag("c", "4"), RunTag("mlflow.runName", "r1")]),
+        ([], [RunTag("b", "short")]),
+    ]
+    try:
+        for params, tags in batches:
+            client.log_batch(run_a, params=params, tags=tags)
+            direct.write(run_b, params=params, tags=tags)
+            assert _run_rows(db_b, run_b) == _run_rows(db_a, run_a)
+        client.set_terminated(run_a, status="FAILED", end_time=123456)
+        direct.write(run_b, [Metric("m", 1.0, 5, 0)], tags=[RunTag("d", "e")],
+                     end=("FAILED", 123456))
+        client.log_batch(run_a, metrics=[Metric("m", 1.0, 5, 0)], tags=[RunTag("d", "e")])
+        assert _run_rows(db_b, run_b) == _run_rows(db_a, run_a)
+        assert _rows(db_b, run_b) == _rows(db_a, run_a)
+    finally:
+        direct.close()
+    params, tags, run = _run_rows(db_b, run_b)
+    assert ("depth", "4") in params and dict(tags)["c"] == "4" and run[:3] == ("r1", "FAILED",
+                                                                              123456)
+    # MLflow reads it as its own
+    got, want = MlflowClient(f"sqlite:///{db_b}").get_run(run_b), client.get_run(run_a)
+    assert got.data.params == want.data.params and got.data.tags == want.data.tags
+    assert (got.info.status, got.info.end_time, got.info.run_name) == (
+        want.info.status, want.info.end_time, want.info.run_name)
+
+
+def test_param_changes_and_duplicates_are_refused_as_mlflow_refuses_them(tmp_path, template):
+    from mlflow.entities import Param
+    from mlflow.exceptions import MlflowException
+
+    db, client, run = _store(tmp_path, template, "direct")
+    direct = SqliteMetrics.open(str(db))
+    try:
+        direct.write(run, params=[Param("lr", "0.1")])
+        before = _run_rows(db, run)
+        with pytest.raises(MlflowException, match="Changing param values is not allowed"):
+            direct.write(run, [Metric("m", 1.0, 5, 0)], params=[Param("lr", "0.2")])
+        with pytest.raises(MlflowException, match="Duplicate parameter keys"):
+            direct.write(run, params=[Param("x", "1"), Param("x", "1")])
+        with pytest.raises(MlflowException, match="Changing param values is not allowed"):
+            client.log_batch(run, params=[Param("lr", "0.2")])
+        assert _run_rows(db, run) == before and _rows(db, run) == ([], [])  # nothing written
+        client.set_terminated(run)
+        client.delete_run(run)
+        with pytest.raises(RuntimeError, match="not an active run"):
+            direct.write(run, end=("FINISHED", 1))
+    finally:
+        direct.close()
