@@ -200,12 +200,15 @@ class MlflowSink:
             ident = {f"{TAG}sweep": self.sweep, f"{TAG}trial_id": trial_id}
             run_id = self._stored.get(trial_id)
             if run_id is None:  # created RUNNING, with no params yet
-                run = self.client.create_run(
-                    self.experiment_id, run_name=name or trial_id,
-                    tags={**ident, f"{TAG}role": "child", "mlflow.parentRunId": self.parent_id},
-                )
-                run_id = run.info.run_id
-                self._start_ms[trial_id] = run.info.start_time
+                run_tags = {**ident, f"{TAG}role": "child", "mlflow.parentRunId": self.parent_id}
+                if self._points is not None:
+                    run_id, start = self._points.create_run(self.experiment_id,
+                                                            name or trial_id, run_tags)
+                else:
+                    run = self.client.create_run(self.experiment_id, run_name=name or trial_id,
+                                                 tags=run_tags)
+                    run_id, start = run.info.run_id, run.info.start_time
+                self._start_ms[trial_id] = start
                 self._param_keys[run_id] = set()
                 self._children[trial_id] = run_id
                 self._log_batch(run_id, params=params, tags=tags or {})  # one transaction

@@ -1,13 +1,13 @@
-"""Metric points, params, tags and a run's end into the sweep's own sqlite MLflow store, the
-rows MLflow's ``log_batch`` and ``set_terminated`` write, without its ORM.
+"""Runs, metric points, params, tags and a run's end into the sweep's own sqlite MLflow store,
+the rows MLflow's ``create_run``, ``log_batch`` and ``set_terminated`` write, without its ORM.
 
 Why: a sweep logs every training step's curve (train loss, grad norm, lr: 3 points a step).
 Through ``MlflowClient.log_batch`` each point is an ORM object, and the latest value of each
 key an ORM read-modify-write: ~0.2 ms of driver CPU a point, ~0.25 CPU-s for a 400-step trial,
 the largest part of what a sweep's driver spent per trial. Here the same rows go in with two
-``executemany`` calls in one transaction. A trial's params and tags (at its start) and its
-final tags with its end (status, end time) cost ~8 and ~19 CPU-ms through MLflow's client
-(measured, 2-core machine), ~1 here: one transaction each.
+``executemany`` calls in one transaction. A trial's run, its params and tags (at its start)
+and its final tags with its end (status, end time) cost ~13, ~8 and ~19 CPU-ms through
+MLflow's client (measured, 2-core machine), ~1 each here: one transaction each.
 
 The rows are MLflow's own (``SqlAlchemyStore``): ``metrics`` gets one row per point (NaN stored
 as 0 with ``is_nan``, +-inf as +-max float; a row equal to one already there is skipped, as
@@ -16,10 +16,10 @@ highest ``(step, timestamp, value)``; ``params`` gets the new keys (a key alread
 another value is refused, as MLflow refuses it; with the same value it is skipped), ``tags``
 is set key by key (``mlflow.runName`` renames the run too, as ``set_tag`` does), both
 validated and truncated by MLflow's own validation; an end sets ``runs.status`` and
-``end_time`` (``update_run_info``). The run must be active. Used only on a store whose tables
-have exactly the columns written here (``open``): any other schema goes through MLflow.
-tests/orchestrator/store/test_mlflow_metrics.py checks row for row against MLflow's
-``log_batch`` and ``set_terminated`` on the same input.
+``end_time`` (``update_run_info``). The run must be active (a new one: its experiment).
+Used only on a store whose tables have exactly the columns written here (``open``): any other
+schema goes through MLflow. tests/orchestrator/store/test_mlflow_metrics.py checks row for row
+against MLflow's ``create_run``, ``log_batch`` and ``set_terminated`` on the same input.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,7 +42,9 @@ _COLUMNS = {
     "tags": ["key", "value", "run_uuid"],
 }
 # the columns of ``runs`` written or read here (MLflow's table has more)
-_RUN_COLUMNS = {"run_uuid", "name", "status", "end_time", "lifecycle_stage"}
+_RUN_COLUMNS = {"run_uuid", "name", "source_type", "source_name", "entry_point_name", "user_id",
+                "status", "start_time", "end_time", "source_version", "lifecycle_stage",
+                "artifact_uri", "experiment_id", "deleted_time"}
 _RUN_NAME = "mlflow.runName"
 _MAX_FLOAT = 1.7976931348623157e308
 _CHUNK = 500  # keys per IN (...) query
@@ -77,7 +80,10 @@ class SqliteMetrics:
                 if got != cols:
                     con.close()
                     return None
-            if not _RUN_COLUMNS <= {r[1] for r in con.execute("PRAGMA table_info(runs)")}:
+            have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+            exp = {r[1] for r in con.execute("PRAGMA table_info(experiments)")}
+            if not (have == _RUN_COLUMNS and {"experiment_id", "artifact_location",
+                                               "lifecycle_stage"} <= exp):
                 con.close()
                 return None
             # the sweep's writer: the same settings as MLflow's connections to this file
@@ -92,6 +98,46 @@ class SqliteMetrics:
 
     def close(self) -> None:
         self._con.close()
+
+    def create_run(self, experiment_id: str, run_name: str, tags: dict[str, str],
+                   start_time: int | None = None) -> tuple[str, int]:
+        """A RUNNING run of the active experiment ``experiment_id`` with ``tags`` (plus
+        ``mlflow.runName``), the row MLflow's ``create_run`` makes (its artifact URI under the
+        experiment's artifact location, user from ``mlflow.user`` or "unknown", source
+        UNKNOWN); returns (run id, start time in ms)."""
+        import uuid
+
+        from mlflow.entities import RunTag
+        from mlflow.exceptions import MlflowException
+        from mlflow.utils.uri import append_to_uri_path
+        from mlflow.utils.validation import _validate_batch_log_data
+
+        tags = {**tags, _RUN_NAME: tags.get(_RUN_NAME, run_name)}
+        _, _, checked = _validate_batch_log_data([], [], [RunTag(k, v) for k, v in tags.items()])
+        run_id = uuid.uuid4().hex
+        start = int(time.time() * 1000) if start_time is None else int(start_time)
+        con = self._con
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            exp = con.execute("SELECT artifact_location, lifecycle_stage FROM experiments "
+                              "WHERE experiment_id = ?", (int(experiment_id),)).fetchone()
+            if exp is None or exp[1] != "active":
+                raise MlflowException(f"The experiment {experiment_id} must be in the "
+                                      f"'active' state.")
+            con.execute(
+                "INSERT INTO runs (run_uuid, name, source_type, source_name, entry_point_name, "
+                "user_id, status, start_time, end_time, source_version, lifecycle_stage, "
+                "artifact_uri, experiment_id, deleted_time) VALUES (?, ?, 'UNKNOWN', '', '', "
+                "?, 'RUNNING', ?, NULL, '', 'active', ?, ?, NULL)",
+                (run_id, tags[_RUN_NAME], tags.get("mlflow.user", "unknown"), start,
+                 append_to_uri_path(exp[0], run_id, "artifacts"), int(experiment_id)))
+            con.executemany("INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)",
+                            [(t.key, t.value, run_id) for t in checked])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return run_id, start
 
     def write(self, run_id: str, metrics: Iterable[Any] = (), params: Iterable[Any] = (),
               tags: Iterable[Any] = (), end: tuple[str, int] | None = None) -> None:

@@ -182,3 +182,37 @@ def test_param_changes_and_duplicates_are_refused_as_mlflow_refuses_them(tmp_pat
             direct.write(run, end=("FINISHED", 1))
     finally:
         direct.close()
+
+
+def test_a_created_run_is_mlflows(tmp_path, template):
+    """A run made here is the row MLflow's create_run makes for the same experiment, name and
+    tags (but its id, start time and the id in its artifact URI), and MLflow reads it."""
+    db, client, _ = _store(tmp_path, template, "direct")
+    exp = client.get_experiment_by_name("x").experiment_id
+    tags = {"geosweep.sweep": "sw", "mlflow.parentRunId": "p" * 32}
+    want = client.create_run(exp, run_name="trial-1", tags=tags).info.run_id
+    direct = SqliteMetrics.open(str(db))
+    try:
+        got, start = direct.create_run(exp, "trial-1", tags, start_time=1234)
+    finally:
+        direct.close()
+    con = sqlite3.connect(db)
+    try:
+        cols = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
+        rows = {r: dict(zip(cols, con.execute("SELECT * FROM runs WHERE run_uuid = ?",
+                                              (r,)).fetchone())) for r in (want, got)}
+        tag_rows = {r: sorted(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?",
+                                          (r,))) for r in (want, got)}
+    finally:
+        con.close()
+    a, b = rows[want], rows[got]
+    assert b["start_time"] == start == 1234
+    assert b["artifact_uri"] == a["artifact_uri"].replace(want, got)
+    skip = {"run_uuid", "start_time", "artifact_uri"}
+    assert {k: v for k, v in b.items() if k not in skip} == {
+        k: v for k, v in a.items() if k not in skip}
+    assert tag_rows[got] == tag_rows[want]
+    run = MlflowClient(f"sqlite:///{db}").get_run(got)
+    assert (run.info.status, run.info.run_name, run.info.lifecycle_stage) == (
+        "RUNNING", "trial-1", "active")
+    assert run.data.tags == client.get_run(want).data.tags
