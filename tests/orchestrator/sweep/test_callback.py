@@ -471,52 +471,50 @@ def test_mlflow_store_that_fails_stops_the_sweep_and_keeps_parquet(tmp_path):
 def test_result_is_one_mlflow_transaction_with_config_params_and_changed_tags(sinks,
                                                                               monkeypatch,
                                                                               as_text):
-    """A result's points: one transaction straight into the sqlite tables (store/
-    mlflow_metrics.py); the resolved config of the first report (JSON text, as the worker
-    sends it so that Tune keeps no statistics of its keys; a dict is read too) and the tags
-    that changed: a log_batch, none when nothing changed; a trial's start: create_run and one
-    log_batch. Nothing is read back."""
+    """A result: one transaction straight into the sqlite tables (store/mlflow_metrics.py)
+    with its points, the resolved config of the first report (JSON text, as the worker sends
+    it so that Tune keeps no statistics of its keys; a dict is read too) and the tags that
+    changed; a trial's start: its run and one transaction of params and tags. Nothing goes
+    through MLflow's client, nothing is read back."""
     import json
 
     ml, pq, parent, uri, root = sinks
     calls = []
-    real_batch, real_create = ml.client.log_batch, ml.client.create_run
-    real_points = ml._points.write
+    real_write, real_create = ml._points.write, ml._points.create_run
 
-    def batch(run_id, metrics=(), params=(), tags=()):
-        calls.append(("batch", len(metrics), len(params), len(tags)))
-        return real_batch(run_id, metrics=metrics, params=params, tags=tags)
-
-    def write(run_id, metrics):
-        calls.append(("points", len(metrics)))
-        return real_points(run_id, metrics)
+    def write(run_id, metrics=(), params=(), tags=(), end=None):
+        calls.append(("write", len(metrics), len(params), len(tags), end is not None))
+        return real_write(run_id, metrics, params, tags, end)
 
     def create(*a, **k):
         calls.append(("create",))
         return real_create(*a, **k)
 
-    monkeypatch.setattr(ml.client, "log_batch", batch)
     monkeypatch.setattr(ml._points, "write", write)
-    monkeypatch.setattr(ml.client, "create_run", create)
-    monkeypatch.setattr(ml.client, "get_run", lambda *a, **k: pytest.fail("read back"))
+    monkeypatch.setattr(ml._points, "create_run", create)
+    for name in ("log_batch", "create_run", "set_terminated", "get_run"):
+        monkeypatch.setattr(ml.client, name, lambda *a, _n=name, **k: pytest.fail(
+            f"MLflow client {_n}"))
     cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
     t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
     cb.on_trial_start(0, [], t)
-    assert [c[0] for c in calls] == ["create", "batch"]
+    assert [c[0] for c in calls] == ["create", "write"]
     calls.clear()
-    config = {f"k{i}": i for i in range(150)}  # more than one batch's 100 params
+    config = {f"k{i}": i for i in range(150)}  # more than MLflow's 100 params a batch
     first = _payload(t, 1, 10)
     first["_config"] = json.dumps(config) if as_text else config
     cb.on_trial_result(0, [], t, first)
-    assert [c[0] for c in calls] == ["points", "batch", "batch"]
-    assert calls[0] == ("points", 11)  # 10 train + 1 val (the scalars at 10: the same keys)
-    assert sum(c[2] for c in calls[1:]) == 150 and {c[1] for c in calls[1:]} == {0}
+    # 10 train + 1 val points (the scalars at 10: the same keys) and the 150 params, one write
+    assert [c[:3] for c in calls] == [("write", 11, 150)]
     calls.clear()
     cb.on_trial_result(0, [], t, _payload(t, 11, 20))
-    assert [c[0] for c in calls] == ["points"]  # no params again, no unchanged tag
+    assert calls == [("write", 11, 0, 0, False)]  # no params again, no unchanged tag
     calls.clear()
     cb.on_trial_result(0, [], t, _payload(t, 21, 30, status="completed"))
-    assert [c[0] for c in calls] == ["points", "batch"] and calls[1][3] == 1  # status tag
+    assert calls == [("write", 11, 0, 1, False)]  # the status tag
+    calls.clear()
+    cb.on_trial_complete(0, [], t)
+    assert [c[0] for c in calls] == ["write"] and calls[0][4]  # the final tags with the end
     cb.on_trial_complete(0, [], t)
     monkeypatch.undo()
     run = MlflowClient(uri).get_run(ml.run_id("t1"))
@@ -529,15 +527,19 @@ def test_result_is_one_mlflow_transaction_with_config_params_and_changed_tags(si
 
 
 def _count_mlflow_calls(ml, monkeypatch) -> list[str]:
+    """The sink's writes: MLflow client calls by name, the sqlite writer's as ``direct.*``."""
     calls: list[str] = []
-    for name in ("create_run", "log_batch", "set_terminated", "update_run"):
-        real = getattr(ml.client, name)
+    for owner, names, prefix in ((ml.client, ("create_run", "log_batch", "set_terminated",
+                                              "update_run"), ""),
+                                 (ml._points, ("create_run", "write"), "direct.")):
+        for name in names:
+            real = getattr(owner, name)
 
-        def spy(*a, _real=real, _name=name, **k):
-            calls.append(_name)
-            return _real(*a, **k)
+            def spy(*a, _real=real, _name=prefix + name, **k):
+                calls.append(_name)
+                return _real(*a, **k)
 
-        monkeypatch.setattr(ml.client, name, spy)
+            monkeypatch.setattr(owner, name, spy)
     return calls
 
 
@@ -552,9 +554,9 @@ def _mlflow_state(uri: str, run_id: str) -> tuple:
 
 def test_background_writer_batches_a_trials_mlflow_writes(sinks, tmp_path_factory,
                                                           monkeypatch):
-    """Queued behind a busy writer, a trial's start, 3 results and end cost MLflow a run, ONE
-    log_batch (its params, tags, every point, its final tags) and its end; the run is the
-    one the synchronous writer (a log_batch per event) leaves, point for point."""
+    """Queued behind a busy writer, a trial's start, 3 results and end cost the store a run and
+    ONE transaction (its params, tags, every point, its final tags and its end); the run is
+    the one the synchronous writer (a write per event) leaves, point for point."""
     import threading
 
     ml, pq, parent, uri, root = sinks
@@ -582,7 +584,7 @@ def test_background_writer_batches_a_trials_mlflow_writes(sinks, tmp_path_factor
         cb.on_trial_complete(0, [], t)
     gate.set()
     bg.flush()
-    assert calls == ["create_run", "log_batch", "set_terminated"]
+    assert calls == ["direct.create_run", "direct.write"]
     assert _mlflow_state(uri, ml.run_id("t1")) == _mlflow_state(uri2, ml2.run_id("t1"))
 
 
