@@ -28,7 +28,8 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.store.sqlite_durability import PRAGMAS, registered
@@ -41,7 +42,7 @@ _COLUMNS = {
     "params": ["key", "value", "run_uuid"],
     "tags": ["key", "value", "run_uuid"],
 }
-# the columns of ``runs`` written or read here (MLflow's table has more)
+# the columns of ``runs`` (exactly these: a run is created here with every one of them)
 _RUN_COLUMNS = {"run_uuid", "name", "source_type", "source_name", "entry_point_name", "user_id",
                 "status", "start_time", "end_time", "source_version", "lifecycle_stage",
                 "artifact_uri", "experiment_id", "deleted_time"}
@@ -99,6 +100,18 @@ class SqliteMetrics:
     def close(self) -> None:
         self._con.close()
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: committed when the block ends, rolled back if it raises."""
+        con = self._con
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
     def create_run(self, experiment_id: str, run_name: str, tags: dict[str, str],
                    start_time: int | None = None) -> tuple[str, int]:
         """A RUNNING run of the active experiment ``experiment_id`` with ``tags`` (plus
@@ -116,9 +129,7 @@ class SqliteMetrics:
         _, _, checked = _validate_batch_log_data([], [], [RunTag(k, v) for k, v in tags.items()])
         run_id = uuid.uuid4().hex
         start = int(time.time() * 1000) if start_time is None else int(start_time)
-        con = self._con
-        con.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as con:
             exp = con.execute("SELECT artifact_location, lifecycle_stage FROM experiments "
                               "WHERE experiment_id = ?", (int(experiment_id),)).fetchone()
             if exp is None or exp[1] != "active":
@@ -133,10 +144,6 @@ class SqliteMetrics:
                  append_to_uri_path(exp[0], run_id, "artifacts"), int(experiment_id)))
             con.executemany("INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)",
                             [(t.key, t.value, run_id) for t in checked])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
         return run_id, start
 
     def write(self, run_id: str, metrics: Iterable[Any] = (), params: Iterable[Any] = (),
@@ -155,9 +162,7 @@ class SqliteMetrics:
             rows[(m.key, value, int(m.timestamp), run_id, int(m.step), is_nan)] = None
         if not (rows or params or tags or end):
             return
-        con = self._con
-        con.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as con:
             stage = con.execute("SELECT lifecycle_stage FROM runs WHERE run_uuid = ?",
                                 (run_id,)).fetchone()
             if stage is None or stage[0] != "active":
@@ -180,10 +185,6 @@ class SqliteMetrics:
             if end is not None:
                 con.execute("UPDATE runs SET status = ?, end_time = ? WHERE run_uuid = ?",
                             (end[0], int(end[1]), run_id))
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
 
     def _params(self, run_id: str, params: list[Any]) -> None:
         """Insert the new ``params``; one already there with another value: MLflow's error."""
