@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import workloads.geometry.dual_newton as dn
-from workloads.geometry.dual import DualOptions, identity, solve_direction
+from workloads.geometry.dual import DualOptions, identity, solve_direction, true_residual
 from workloads.geometry.msign import msign
 
 F64 = torch.float64
@@ -88,3 +88,7 @@ def test_passes_on_active_matrices_only_change_nothing_but_the_cost(mode, monkey
     assert whole.passes.tolist() == passes
     tol = 1e-9 if mode == "exact" else 1e-4
     assert float((whole.A - r.A).abs().max()) < tol
+    # what each matrix of the batch logs is its true residual, recomputed in fp64 against W
+    true = true_residual(W.to(F64), r.A.to(F64), identity)
+    eps = torch.finfo(G.dtype).eps
+    assert bool(((r.residual.to(F64) - true).abs() <= 1e-3 * true + 10 * eps).all())
