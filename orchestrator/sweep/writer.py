@@ -16,10 +16,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SerialWriter", "flush_all"]
+__all__ = ["SerialWriter", "flush_all", "flush_at_end"]
 
 log = logging.getLogger(__name__)
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+_HOLDERS: weakref.WeakSet = weakref.WeakSet()  # objects that hold writes back until flush()
 
 
 class SerialWriter:
@@ -61,6 +62,8 @@ class SerialWriter:
                 log.error("%s: %r", self.name, e)
                 self._error = self._error or e
             finally:
+                # no reference to the call kept while idle (its bound object may go)
+                fn = args = None
                 self._queue.task_done()
 
     def __getstate__(self) -> dict:
@@ -70,7 +73,15 @@ class SerialWriter:
         self.__init__(state["name"])
 
 
+def flush_at_end(holder: Any) -> None:
+    """``holder.flush()`` runs in ``flush_all`` (an object that hands its writes to a writer
+    only at times of its own choosing, e.g. orchestrator/sweep/study_mirror.py)."""
+    _HOLDERS.add(holder)
+
+
 def flush_all() -> None:
     """Flush every writer of this process (the end of a sweep: nothing left queued)."""
+    for h in list(_HOLDERS):
+        h.flush()
     for w in list(_LIVE):
         w.flush()

@@ -6,6 +6,7 @@ is continued."""
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import shutil
 
@@ -125,3 +126,82 @@ def test_a_replay_error_surfaces_on_flush(tmp_path):
     t.suggest_float("x", 0.0, 1.0)
     with pytest.raises(Exception):  # noqa: B017 - sqlalchemy's OperationalError, any kind
         mirror.flush()
+
+
+def _whole(t: optuna.trial.FrozenTrial) -> tuple:
+    """Every field of a trial, datetimes included (to the microsecond the RDB keeps)."""
+    steps = {k: "nan" if math.isnan(v) else v for k, v in t.intermediate_values.items()}
+    return (t.number, t.state, t.values, t.params, t.distributions, steps,
+            json.loads(json.dumps(t.user_attrs)), json.loads(json.dumps(t.system_attrs)),
+            t.datetime_start, t.datetime_complete)
+
+
+def _commits(engine) -> list[int]:
+    """A counter of the transactions committed on ``engine`` from now on."""
+    from sqlalchemy import event
+
+    n = [0]
+    event.listen(engine, "commit", lambda conn: n.__setitem__(0, n[0] + 1))
+    return n
+
+
+def test_a_trial_is_written_whole_in_one_transaction_when_it_finishes(tmp_path):
+    """ask, params, reports and tell of a trial cost the RDB one transaction, at the tell; the
+    RDB's trial is memory's field for field (datetimes, a NaN report, an infinite value)."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    mirror = MirroredStorage(url, "s")
+    study = optuna.create_study(study_name="s", sampler=_sampler(), storage=mirror)
+    mirror.flush()
+    commits = _commits(mirror._rdb.engine)
+    t = study.ask()
+    t.suggest_float("x", 1e-4, 1e-1, log=True)
+    t.suggest_categorical("k", ["a", "b"])
+    t.report(float("nan"), 1)
+    t.report(float("inf"), 2)
+    t.set_user_attr("arm", {"a": [1, 2]})
+    t.set_constraint("diverged", 0.0)
+    mirror._writer.flush()  # nothing was handed to the writer before the tell
+    assert commits[0] == 0
+    study.tell(t, float("inf"))
+    mirror._writer.flush()
+    assert commits[0] == 1
+    on_disk = optuna.load_study(study_name="s", storage=url)
+    assert [_whole(x) for x in on_disk.trials] == [_whole(x) for x in study.trials]
+    assert math.isnan(on_disk.trials[0].intermediate_values[1])
+
+
+def test_a_running_trial_reaches_the_rdb_at_flush_and_then_only_what_changed(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    mirror = MirroredStorage(url, "s")
+    study = optuna.create_study(study_name="s", sampler=_sampler(), storage=mirror)
+    first = study.ask()
+    first.suggest_float("x", 1e-4, 1e-1, log=True)
+    first.report(0.5, 1)
+    second = study.ask()  # created after the first: number 1 in memory and in the RDB
+    second.suggest_float("x", 1e-4, 1e-1, log=True)
+    study.tell(second, 0.25)  # finishes first: written with the running first, in order
+    mirror.flush()
+    on_disk = optuna.load_study(study_name="s", storage=url)
+    assert [_whole(x) for x in on_disk.trials] == [_whole(x) for x in study.trials]
+    assert on_disk.trials[0].state == optuna.trial.TrialState.RUNNING
+    first.report(0.4, 2)
+    mirror.set_trial_intermediate_value(first._trial_id, 1, 0.3)  # a step's value replaced
+    study.tell(first, 0.3)
+    mirror.flush()
+    on_disk = optuna.load_study(study_name="s", storage=url)
+    assert [_whole(x) for x in on_disk.trials] == [_whole(x) for x in study.trials]
+    assert on_disk.trials[0].intermediate_values == {1: 0.3, 2: 0.4}
+
+
+def test_the_sweeps_end_writes_the_trials_held_back(tmp_path):
+    from orchestrator.sweep.writer import flush_all
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    mirror = MirroredStorage(url, "s")
+    study = optuna.create_study(study_name="s", storage=mirror)
+    t = study.ask()
+    t.suggest_float("x", 0.0, 1.0)
+    t.report(0.1, 3)
+    flush_all()
+    assert optuna.load_study(study_name="s", storage=url).trials[0].intermediate_values == {
+        3: 0.1}
