@@ -12,7 +12,10 @@ constraint and shape (tall / square) it prints:
 - the direction error ||A - A_ref||_F / ||A_ref||_F and the objective gap
   1 - <G, A> / <G, A_ref> (the linear objective the direction maximises);
 - as the floor of working precision, the same error for plain Muon's own msign of G (Polar
-  Express in fp32, as on CPU) against the fp64 SVD polar factor.
+  Express in fp32, as on CPU) against the fp64 SVD polar factor;
+- the floors of an fp32 direction with the multiplier exact: the reference's X* rounded to
+  fp32 and its polar factor taken through the Gram, as ``fast`` does (``gram32``), or by an
+  fp32 SVD of the tall X* (``tall32``); no fp32 solver can beat the second.
 
     python benchmarks/dual_accuracy.py [--steps-debug 200] [--steps-tiny 60] [--threads 1]
 
@@ -35,6 +38,7 @@ import torch
 import workloads.optim.muon as muon_mod
 from workloads.config import preset
 from workloads.geometry.dual import DualOptions, solve_direction
+from workloads.geometry.dual_newton import eig_gram
 from workloads.geometry.manifolds import get_manifold
 from workloads.geometry.msign import msign
 from workloads.models import build_model
@@ -110,7 +114,25 @@ def evaluate(item: dict) -> dict:
     # plain Muon's own msign (fp32 Polar Express on CPU) against the exact polar factor
     out["muon_msign_err"] = rel(msign(G, method="polar_express").to(F64),
                                 msign(G64, method="svd")).tolist()
+    out.update(floors(G64, W64, ref, out))
     return out
+
+
+def floors(G64: torch.Tensor, W64: torch.Tensor, ref, out: dict) -> dict:
+    """What fp32 can do with the reference's own multiplier: its X* = G/||G|| + 2 W L* rounded
+    to fp32, then msign(X*) (a) as fast computes it, in Gram space (one fp32 eigh of X*^T X*,
+    eigenvalues below n eps e_max dropped: singular values below ~sqrt(n eps) sigma_max are
+    lost) and (b) from the tall X* itself (fp32 SVD: resolves ~eps sigma_max). Their errors
+    against the reference are the floors of an fp32 direction on the two routes, with the
+    multiplier exact."""
+    scale = G64.norm(dim=(-2, -1), keepdim=True)
+    X = (G64 / scale + 2.0 * W64 @ ref.L).float()
+    e, V = eig_gram(X.mT @ X)
+    inv = torch.where(e > 0, e.clamp_min(1e-38).rsqrt(), 0.0)
+    A_gram = X @ ((V * inv.unsqueeze(-2)) @ V.mT)
+    U, _, Vh = torch.linalg.svd(X, full_matrices=False)
+    return {"floor_gram32": rel(A_gram.to(F64), ref.A).tolist(),
+            "floor_tall32": rel((U @ Vh).to(F64), ref.A).tolist()}
 
 
 def main() -> None:
@@ -133,13 +155,15 @@ def main() -> None:
                 ev = evaluate(item)
                 row = rows.setdefault(key, {})
                 row.setdefault("ref_res", []).extend(ev["ref_res"])
-                row.setdefault("muon_msign_err", []).extend(ev["muon_msign_err"])
+                for f in ("muon_msign_err", "floor_gram32", "floor_tall32"):
+                    row.setdefault(f, []).extend(ev[f])
                 for mode in MODES:
                     for f in ("res", "reported", "err", "gap", "passes"):
                         row.setdefault(f"{mode}_{f}", []).extend(ev[mode][f])
     print(f"torch {torch.__version__}, threads {args.threads}; reference: exact mode, 400 "
           f"passes, tol 1e-10; each mode cold, its default tol and pass cap")
-    head = (f"{'preset':<10}{'manifold':<8}{'shape':<7}{'n':>4}{'ref res':>9}{'muon':>9}  "
+    head = (f"{'preset':<10}{'manifold':<8}{'shape':<7}{'n':>4}{'ref res':>9}{'muon':>9}"
+            f"{'gram32':>9}{'tall32':>9}  "
             + "".join(f"{m + ' res':>10}{m + ' err':>10}{m + ' gap':>10}{'pass':>5}"
                       for m in MODES))
     print(head)
@@ -148,7 +172,9 @@ def main() -> None:
     for (name, c, kind), row in rows.items():
         n = len(row["ref_res"])
         line = (f"{name:<10}{c:<8}{kind:<7}{n:>4}{max(row['ref_res']):>9.1e}"
-                f"{statistics.median(row['muon_msign_err']):>9.1e}  ")
+                f"{statistics.median(row['muon_msign_err']):>9.1e}"
+                f"{statistics.median(row['floor_gram32']):>9.1e}"
+                f"{statistics.median(row['floor_tall32']):>9.1e}  ")
         for mode in MODES:
             res, err, gap = row[f"{mode}_res"], row[f"{mode}_err"], row[f"{mode}_gap"]
             line += (f"{max(res):>10.1e}{max(err):>10.1e}{max(gap):>10.1e}"
@@ -160,10 +186,13 @@ def main() -> None:
             # computation (fp32 W^T A: ~1e-7 of its entries, which are O(1) at unit columns)
             mismatch = max(mismatch, max(abs(a - b) / max(b, 1e-6)
                                          for a, b in zip(row[f"{mode}_reported"], res)))
-        js[f"{name}_{c}_{kind}_muon_msign_err_median"] = statistics.median(row["muon_msign_err"])
+        for f in ("muon_msign_err", "floor_gram32", "floor_tall32"):
+            js[f"{name}_{c}_{kind}_{f}_median"] = statistics.median(row[f])
         print(line)
     print("(res: true residual; err: direction error vs the reference; gap: objective gap; "
-          "muon: median error of plain Muon's fp32 msign of G vs the SVD polar factor)")
+          "muon: median error of plain Muon's fp32 msign of G vs the SVD polar factor; "
+          "gram32 / tall32: median error of msign of the reference's own X* rounded to fp32, "
+          "in Gram space as fast computes it / by an fp32 SVD of the tall X*)")
     tall = [v for k, v in js.items() if "_tall_fast_err_max" in k]
     square = [v for k, v in js.items() if "_square_fast_err_max" in k]
     print(f"total {time.perf_counter() - t0:.0f} s")
