@@ -404,3 +404,27 @@ def test_norm_ablation_n_is_the_ngpt_init_half_of_norm_ablation():
                 if t["model.residual.family"] == "pre_ln"
                 or t.get("model.residual.alpha_init") == 0.05}
     assert part == expected
+
+
+def test_norm_ablation_1_and_n_halves_cover_norm_ablation():
+    """docs/results/norm_ablation_1.yaml is norm_ablation's workload, budget, rules and seeds on
+    every family at alpha_init 1.0 (the sphere step init of docs/results.md §0b), with its own
+    A1 and A2; with the nGPT half it covers the whole grid, Pre-LN in both."""
+    from pathlib import Path
+
+    from orchestrator.sweep.space import grid_trials
+
+    root = Path(__file__).resolve().parents[3]
+    one = load_spec(str(root / "docs/results/norm_ablation_1.yaml"))
+    n, full = load_spec(str(root / "docs/results/norm_ablation_n.yaml")), \
+        load_spec("norm_ablation")
+    for field in ("workload", "budget", "divergence", "resources", "seeds", "search"):
+        assert getattr(one, field) == getattr(full, field), field
+    assert [c for c in full.claims if c.id in ("A1", "A2")] == list(one.claims)
+    key = lambda t: tuple(sorted(t.items()))  # noqa: E731
+    part = {key(t) for t in grid_trials(one)}
+    whole = {key(t) for t in grid_trials(full)}
+    assert part == {key(t) for t in grid_trials(full)
+                    if t.get("model.residual.alpha_init", 1.0) == 1.0}
+    assert len(part) == 231
+    assert part | {key(t) for t in grid_trials(n)} == whole
