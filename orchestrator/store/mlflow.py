@@ -324,8 +324,12 @@ class MlflowSink:
     def _curve_items(self, trial_id: str, points: list[dict]) -> list[tuple]:
         t0 = self._start_ms.get(trial_id, int(time.time() * 1000))
         metrics = []
+        keys: dict[tuple[str, str], str] = {}  # a curve has a handful of (split, metric)
         for p in points:
-            key = _key(mlflow_key(f"{p['split']}/{p['metric']}"))
+            sm = (p["split"], p["metric"])
+            key = keys.get(sm)
+            if key is None:
+                key = keys[sm] = _key(mlflow_key(f"{sm[0]}/{sm[1]}"))
             wall = p.get("wall_time")
             ts = t0 + int(1000 * wall) if wall is not None and math.isfinite(wall) else None
             if not _infinite(float(p["value"])):

@@ -263,3 +263,25 @@ def test_really_broken_part_still_raises(tmp_path, monkeypatch):
     part.write_bytes(part.read_bytes()[:-40])
     with pytest.raises((OSError, ValueError)):
         read_curves(str(tmp_path), "sw")
+
+
+def test_parts_hold_what_the_rows_said(tmp_path):
+    """A part is built column by column: the same table as pyarrow's row-wise from_pylist
+    restricted to the schema (ints as floats, None as null, NaN kept, extra keys dropped,
+    missing keys null)."""
+    import pyarrow as pa
+
+    rows = [{"step": 1, "split": "train", "metric": "loss", "value": 4, "wall_time": 0.5},
+            {"step": 2, "split": "train", "metric": "loss", "value": None, "extra": "x"},
+            {"step": 3, "split": "val", "metric": "loss", "value": float("nan"),
+             "wall_time": None}]
+    sink = ParquetSink(str(tmp_path), "s")
+    sink.write_curve("t1", rows)
+    got = sink._curve_table("t1")
+    want = pa.Table.from_pylist([{f.name: r.get(f.name) for f in CURVE_SCHEMA} for r in rows],
+                                schema=CURVE_SCHEMA)
+    assert got.schema == CURVE_SCHEMA
+    assert got.to_pylist()[:2] == want.to_pylist()[:2]
+    last = got.to_pylist()[2]
+    assert math.isnan(last.pop("value")) and last == {"step": 3, "split": "val",
+                                                       "metric": "loss", "wall_time": None}
