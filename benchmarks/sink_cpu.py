@@ -1,0 +1,133 @@
+"""What the sweep driver's result sink costs per trial, in-process, split by writer.
+
+The sink (orchestrator/sweep/callback.py ``SinkCallback``) is fed what a trial of
+``sweep_vs_peers.py`` sends it: a
+start, two results carrying the per-step curve (train loss, grad norm, lr per step, val loss
+at each report) with a checkpoint-free payload as worker.py builds it, a final result and the
+end. The curve sizes are the benchmark's 1 s and 5 s trials (141 and 705 steps on gpt-debug).
+CPU time of this process per trial (all threads; the first trial untimed) with the sink as a
+sweep runs it (``background``: its writer thread, a running trial's record refreshed at most
+every 2 s), and from a second, foreground pass (every write on this thread, every refresh
+written), cProfile's cumulative share of the three writers: Parquet parts, Parquet trial
+records, MLflow (points, params, tags, the run).
+Not a timed test: these machines are noisy, and the figure to read beside it is
+``sweep_vs_peers.py``'s driver CPU per trial, where raw Ray Tune's stands next to ours.
+
+    python benchmarks/sink_cpu.py [--trials 20]
+
+Prints a table; the last line is one JSON object: ``sink_cpu_ms_per_trial_<steps>`` and the
+writers' shares ``<writer>_share_<steps>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SIZES = (141, 705)  # steps of sweep_vs_peers' 1 s and 5 s trials on gpt-debug
+# writer -> the function whose cumulative time is its share
+WRITERS = {"parquet_parts": "write_curve", "parquet_records": "write_trial",
+           "mlflow": "log_results"}
+
+
+def _payload(a: int, b: int, status: str = "running") -> dict:
+    curve = [{"step": s, "split": "train", "metric": m, "value": v, "wall_time": 0.01 * s}
+             for s in range(a, b + 1)
+             for m, v in (("loss", 4.0 - 1e-3 * s), ("grad_norm", 1.3), ("lr", 1e-3))]
+    curve.append({"step": b, "split": "val", "metric": "loss", "value": 3.0,
+                  "wall_time": 0.01 * b})
+    out = {"train/loss": 3.9, "val/loss": 3.0, "val/best_loss": 3.0, "train/lr": 1e-3,
+           "train/grad_norm": 1.2, "train/tokens_per_s": 1e4, "train/time_s": 1.0,
+           "train/initial_loss": 4.4, "step": b, "objective": 3.0}
+    out.update(_curve=curve, _rows=[], _status=status, _divergence=None, _node="n",
+               _timing={"setup_s": 1.0, "wall_s": 2.0, "train_s": 1.0,
+                        "report_block_ms": [1.0] * 5, "checkpoint_report_ms": []},
+               _trial_params={"optim.lr": 1e-3, "train.seed": 0}, _arm="a", _seed=0)
+    return out
+
+
+def measure(steps: int, trials: int, background: bool) -> dict:
+    from mlflow import MlflowClient
+
+    from orchestrator.store.mlflow import MlflowSink, default_tracking
+    from orchestrator.store.parquet import ParquetSink
+    from orchestrator.sweep.callback import SinkCallback
+
+    tmp = tempfile.mkdtemp(prefix="geosweep-sink-")
+    try:
+        os.makedirs(f"{tmp}/sw")
+        MlflowClient(f"sqlite:///{tmp}/sw/mlflow.db").search_experiments()
+        uri, _ = default_tracking(f"{tmp}/sw")
+        ml = MlflowSink(uri, "geosweep", "sw")
+        ml.start_parent("name: sw\n", {"sweep": "sw"}, {"git": {"sha": "x"}})
+        cb = SinkCallback(parquet=ParquetSink(f"{tmp}/sw/parquet", "sw"), mlflow=ml,
+                          metric="val/loss", background=background)
+
+        def one(i: int) -> None:
+            t = SimpleNamespace(trial_id=f"t{i:05d}",
+                                config={"optim.lr": 1e-3 * (1 + i), "train.seed": 0})
+            half = steps // 2
+            cb.on_trial_start(0, [], t)
+            cb.on_trial_result(0, [], t, _payload(1, half))
+            cb.on_trial_result(0, [], t, _payload(half + 1, steps))
+            cb.on_trial_result(0, [], t, _payload(steps + 1, steps + 1, "completed"))
+            cb.on_trial_complete(0, [], t)
+
+        one(0)
+        cb.flush()
+        prof = cProfile.Profile()
+        c0 = time.process_time()
+        prof.enable()
+        for i in range(1, trials + 1):
+            one(i)
+        cb.flush()
+        prof.disable()
+        cpu = time.process_time() - c0
+        stats = pstats.Stats(prof).stats
+        total = sum(tt for _, _, tt, _, _ in stats.values())
+        shares = {}
+        for writer, fn in WRITERS.items():
+            cum = sum(ct for (_, _, name), (_, _, _, ct, _) in stats.items() if name == fn)
+            shares[writer] = cum / total if total else float("nan")
+        ml.close()
+        return {"ms_per_trial": 1e3 * cpu / trials, **shares}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=20)
+    args = ap.parse_args()
+    rows = {}
+    for steps in SIZES:
+        rows[steps] = measure(steps, args.trials, background=False)  # the shares
+        rows[steps]["ms_per_trial"] = measure(steps, args.trials, True)["ms_per_trial"]
+    load = os.getloadavg()
+    print(f"sink CPU per trial, in-process, {args.trials} trials each; load {load[0]:.1f}")
+    print(f"{'steps':>6}{'CPU ms':>9}" + "".join(f"{w:>17}" for w in WRITERS))
+    for steps, r in rows.items():
+        print(f"{steps:>6}{r['ms_per_trial']:>9.1f}"
+              + "".join(f"{r[w]:>17.0%}" for w in WRITERS))
+    print("(CPU: all threads, the sink in background as a sweep runs it; shares: cProfile's "
+          "cumulative time of each writer, foreground, every record refresh written)")
+    js = {"load_avg": round(load[0], 2)}
+    for steps, r in rows.items():
+        js[f"sink_cpu_ms_per_trial_{steps}"] = round(r["ms_per_trial"], 2)
+        js.update({f"{w}_share_{steps}": round(r[w], 3) for w in WRITERS})
+    print(json.dumps(js))
+
+
+if __name__ == "__main__":
+    main()
