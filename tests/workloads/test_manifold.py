@@ -151,7 +151,7 @@ def test_manifold_step_transposes_wide_matrices():
     assert W_new.shape == (16, 64)
     assert float(stiefel_violation(W_new.mT)) < 1e-5  # rows stay orthonormal
     assert res.shape == () and 0 <= float(disp) < 0.1
-    assert float(res) < 1e-6 and 1 <= int(passes) <= 20  # default tol 1e-6 reached
+    assert float(res) < 1e-4 and 1 <= int(passes) <= 20  # the default (fast) mode's tol
     Wd, _ = on_dgram(64, 16, seed=12)
     Wd_new, _, _, _ = manifold_muon_step(Wd.mT.float(), G, 0.1, "dgram")
     assert float(dgram_violation(Wd_new.mT)) < 1e-5  # rows stay mutually orthogonal
