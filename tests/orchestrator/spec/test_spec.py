@@ -383,20 +383,27 @@ def test_powered_specs_rerun_their_source_with_more_seeds(powered, source, claim
             assert _matches(trials, side).sum() == len(p.seeds), (c.id, side)
 
 
+def _half_of_norm_ablation(name: str, claims: tuple[str, ...]):
+    """docs/results/<name>.yaml and norm_ablation, after checking that the half runs the
+    shipped spec's workload, budget, rules, seeds and search with its claims ``claims``."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    half, full = load_spec(str(root / f"docs/results/{name}.yaml")), load_spec("norm_ablation")
+    for field in ("workload", "budget", "divergence", "resources", "seeds", "search"):
+        assert getattr(half, field) == getattr(full, field), field
+    assert [c for c in full.claims if c.id in claims] == list(half.claims)
+    return half, full
+
+
 def test_norm_ablation_n_is_the_ngpt_init_half_of_norm_ablation():
     """docs/results/norm_ablation_n.yaml (docs/results.md §0b) is norm_ablation's workload,
     budget, rules and seeds on a part of its grid: the sphere families at alpha_init 0.05 and
     Pre-LN, with norm_ablation's own A1n and A2n, so its verdicts answer the shipped claims."""
-    from pathlib import Path
 
     from orchestrator.sweep.space import grid_trials
 
-    root = Path(__file__).resolve().parents[3]
-    half, full = load_spec(str(root / "docs/results/norm_ablation_n.yaml")), \
-        load_spec("norm_ablation")
-    for field in ("workload", "budget", "divergence", "resources", "seeds", "search"):
-        assert getattr(half, field) == getattr(full, field), field
-    assert [c for c in full.claims if c.id in ("A1n", "A2n")] == list(half.claims)
+    half, full = _half_of_norm_ablation("norm_ablation_n", ("A1n", "A2n"))
     key = lambda t: tuple(sorted(t.items()))  # noqa: E731
     part, whole = {key(t) for t in grid_trials(half)}, {key(t) for t in grid_trials(full)}
     assert part <= whole and len(part) == 147
@@ -410,17 +417,11 @@ def test_norm_ablation_1_and_n_halves_cover_norm_ablation():
     """docs/results/norm_ablation_1.yaml is norm_ablation's workload, budget, rules and seeds on
     every family at alpha_init 1.0 (the sphere step init of docs/results.md §0b), with its own
     A1 and A2; with the nGPT half it covers the whole grid, Pre-LN in both."""
-    from pathlib import Path
 
     from orchestrator.sweep.space import grid_trials
 
-    root = Path(__file__).resolve().parents[3]
-    one = load_spec(str(root / "docs/results/norm_ablation_1.yaml"))
-    n, full = load_spec(str(root / "docs/results/norm_ablation_n.yaml")), \
-        load_spec("norm_ablation")
-    for field in ("workload", "budget", "divergence", "resources", "seeds", "search"):
-        assert getattr(one, field) == getattr(full, field), field
-    assert [c for c in full.claims if c.id in ("A1", "A2")] == list(one.claims)
+    one, full = _half_of_norm_ablation("norm_ablation_1", ("A1", "A2"))
+    n, _ = _half_of_norm_ablation("norm_ablation_n", ("A1n", "A2n"))
     key = lambda t: tuple(sorted(t.items()))  # noqa: E731
     part = {key(t) for t in grid_trials(one)}
     whole = {key(t) for t in grid_trials(full)}
