@@ -350,9 +350,11 @@ def test_driver_kill_resume_and_extend(tmp_path):
         steps = _metric_steps(db, children[tid], mlflow_key("train/loss"))
         assert steps == list(range(1, CRASH_STEPS + 1))
     study = [s for _, s in _optuna_trials(sweep / "optuna.db")]  # the study continued
+    # no trial is left RUNNING: an orphan the study's RDB held (a trial the searcher proposed
+    # before the last snapshot) is FAIL; one proposed after it never reached the RDB (the
+    # mirror writes trials at snapshots and ends: study_mirror.py), as it never reached Tune's
+    # snapshot, so the restored study has no trace of it (how many depends on the timing)
     assert study.count("COMPLETE") == CRASH_SAMPLES and set(study) <= {"COMPLETE", "FAIL"}
-    # orphans, plus any trial the searcher had proposed that never started before the kill
-    assert study.count("FAIL") >= len(lost), study
     n = len(everything)
 
     # --- 3. extend the finished sweep ---------------------------------------------------------
