@@ -74,7 +74,10 @@ __all__ = ["SinkCallback", "FINAL_STATUSES"]
 log = logging.getLogger(__name__)
 
 FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
-_SINK_ONLY = ("_curve", "_rows", "_config")  # payload keys no one after this sink reads
+# payload keys no one after this sink reads (the searcher and the scheduler have seen the
+# result already; the progress line reads _status and _budget, the searcher's end _status)
+_SINK_ONLY = ("_curve", "_rows", "_config", "_timing", "_trial_params", "_arm", "_seed", "_node",
+              "_divergence", "_world_size")
 _SEED_KEY = "train.seed"
 # the longest a running trial's MLflow writes wait for company, and its Parquet record for a
 # refresh; Tune's experiment snapshot (every 2 s: cluster/local.py) writes them out anyway
@@ -376,9 +379,10 @@ class SinkCallback(Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info) -> None:
         mine = dict(result)  # the writer's copy: Tune goes on with the result meanwhile
-        # Tune keeps the result as the trial's last_result and pickles it into every experiment
-        # snapshot (every 2 s, each trial); the curve, rows and config are this sink's alone
-        # (callbacks may change the result: Tune's own note in TuneController)
+        # Tune keeps the result as the trial's last_result, tracks every number in it (nested
+        # dicts flattened) and serialises both into every experiment snapshot (every 2 s, and
+        # at checkpoints): what only this sink reads leaves the result here (callbacks may
+        # change it: Tune's own note in TuneController)
         for key in _SINK_ONLY:
             result.pop(key, None)
         self._defer(self._do_trial_result, trial, mine) or self._do_trial_result(trial, mine)

@@ -617,16 +617,21 @@ def test_tune_snapshot_writes_out_mlflow_batches(sinks):
 
 def test_tune_keeps_no_curve_in_the_trials_last_result(tmp_path):
     """Tune stores the result a callback saw as the trial's last_result and pickles it into
-    every experiment snapshot: the sink takes the curve, rows and config out of it (its
-    writer keeps its own copy) and leaves what the searcher and the progress line read."""
+    every experiment snapshot: the sink takes the curve, rows, config and the rest of its own
+    payload (timing, params, arm, seed, node, divergence, world size) out of it (its writer
+    keeps its own copy) and leaves what the searcher and the progress line read."""
     cb = SinkCallback(parquet=ParquetSink(str(tmp_path), "s"), sweep="s", background=True)
     t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
     cb.on_trial_start(0, [], t)
     result = _payload(t, 1, 10)
     result["_config"] = "{}"
+    result_arm = result["_arm"]
     cb.on_trial_result(0, [], t, result)
-    assert not {"_curve", "_rows", "_config"} & set(result)
+    assert not {"_curve", "_rows", "_config", "_timing", "_trial_params", "_arm", "_seed",
+                "_node", "_divergence", "_world_size"} & set(result)
     assert result["_status"] == "running" and result["val/loss"] == 2.0
     cb.flush()
+    rec = cb.records()[0]  # the writer's copy had them all
+    assert rec["arm"] == result_arm and rec["seed"] == 0 and rec["timing"]
     assert len(read_curves(str(tmp_path), sweep="s")) == 11
     assert len(read_metrics(str(tmp_path), sweep="s")) == 3
