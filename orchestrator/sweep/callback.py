@@ -29,7 +29,9 @@ that save, before the snapshot reaches storage) waits for the queue: a checkpoin
 driver restores from never lies past results that are not yet on disk. As a second guard, for
 a driver killed between the two writes of one result (Parquet first, then MLflow) with the
 trial's checkpoint at that step: on this driver's first MLflow write of a trial, the curve
-already on disk goes with it and the at-most-once rule keeps only the points MLflow lacks.
+already on disk goes with it and the at-most-once rule keeps only the points MLflow lacks: its
+first result, or its end when it has none (a trial that finished before the crash and that
+Tune re-starts after the resume ends at once).
 
 Batching. Parquet gets every result's curve and metric parts when the writer takes it (a
 restart is told by them); a running trial's record is refreshed at most every ``BATCH_S``
@@ -507,7 +509,14 @@ class SinkCallback(Callback):
                 self.parquet.train_losses(trial.trial_id))
         self._write(rec)
         if self.mlflow is not None:
+            # a trial this driver never wrote to MLflow (resumed, it ended without a result:
+            # the crash fell after its last points reached Parquet and before this end, which
+            # carries its last batch): its curve on disk goes with the end, and the
+            # at-most-once rule keeps only the points MLflow lacks
+            backlog = self._mlflow_backlog(trial.trial_id)
             buf = self._mlflow_take(trial.trial_id)  # its last results go with its end
+            if backlog:
+                buf["results"].insert(0, (backlog, []))
             tags = {**buf["tags"], **self._tags(rec)}
             tags.update({f"{TAG}best_val_loss": rec.get("best_val_loss"),
                          f"{TAG}wall_s": rec["wall_s"], f"{TAG}overhead_s": rec["overhead_s"],

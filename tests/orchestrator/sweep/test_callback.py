@@ -347,6 +347,41 @@ def test_resumed_driver_fills_the_mlflow_steps_a_crash_lost(sinks):
     assert sorted(c.loc[c["split"] == "train", "step"]) == list(range(1, 51))
 
 
+def test_resumed_trial_that_ends_at_once_gets_the_mlflow_points_a_crash_lost(sinks):
+    """A driver killed after a trial's last curve and final record reached Parquet and before
+    its MLflow end (the end carries the trial's last batch of points): Tune's snapshot predates
+    the finish, so the resumed driver's Tune re-starts the trial, which completes at once
+    without a result. Its end sends the points MLflow lacks (once), and keeps its outcome."""
+    ml, pq, parent, uri, root = sinks
+    cb = SinkCallback(parquet=pq, mlflow=ml, metric="val/loss", clock=Clock())
+    t = FakeTrial("tr_00000", {"optim.lr": 1e-3, "train.seed": 0})
+    cb.on_trial_start(0, [], t)
+    cb.on_trial_result(0, [], t, _payload(t, 1, 20))
+    cb.flush()  # steps 1..20 are in MLflow
+    pq.write_curve(t.trial_id, _payload(t, 21, 30, "completed")["_curve"])
+    rec = dict(cb.records()[0], status="completed", ended_at=2000.0, last_step=30)
+    pq.write_trial(rec)  # ... the trial's final record, and the driver dies here
+
+    from orchestrator.store.parquet import read_trial_records
+
+    ml2 = MlflowSink(uri, "geosweep", "sw")
+    ml2.start_parent("name: sw\n", {"sweep": "sw"}, {})
+    cb2 = SinkCallback(parquet=ParquetSink(root, "sw"), mlflow=ml2, metric="val/loss",
+                       clock=Clock())
+    cb2.preload(read_trial_records(root, "sw"))
+    cb2.on_trial_start(0, [], t)
+    cb2.on_trial_complete(0, [], t)
+    cb2.flush()
+    client = MlflowClient(uri)
+    run = ml2._children[t.trial_id]
+    train = client.get_metric_history(run, "Loss/train")
+    assert sorted(m.step for m in train) == list(range(1, 31))  # every step once
+    assert {m.step: m.value for m in train}[25] == pytest.approx(10.0 / 25)
+    assert sorted(m.step for m in client.get_metric_history(run, "Loss/val")) == [10, 20, 30]
+    assert client.get_run(run).info.status == "FINISHED"
+    assert cb2.records()[0]["ended_at"] == 2000.0
+
+
 def test_preloaded_finished_trial_keeps_outcome_and_times(sinks):
     """A resumed driver preloads Parquet records; a finished trial Tune re-starts (its
     snapshot predates the finish) and completes without results keeps status and times; a
