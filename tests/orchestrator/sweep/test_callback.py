@@ -347,6 +347,19 @@ def test_resumed_driver_fills_the_mlflow_steps_a_crash_lost(sinks):
     assert sorted(c.loc[c["split"] == "train", "step"]) == list(range(1, 51))
 
 
+def _resumed_driver(uri: str, root: str) -> tuple[MlflowSink, SinkCallback]:
+    """What a resumed driver builds: the sweep's MLflow parent found again, a fresh sink
+    callback holding the records the earlier driver left in Parquet."""
+    from orchestrator.store.parquet import read_trial_records
+
+    ml = MlflowSink(uri, "geosweep", "sw")
+    ml.start_parent("name: sw\n", {"sweep": "sw"}, {})
+    cb = SinkCallback(parquet=ParquetSink(root, "sw"), mlflow=ml, metric="val/loss",
+                      clock=Clock())
+    cb.preload(read_trial_records(root, "sw"))
+    return ml, cb
+
+
 def test_resumed_trial_that_ends_at_once_gets_the_mlflow_points_a_crash_lost(sinks):
     """A driver killed after a trial's last curve and final record reached Parquet and before
     its MLflow end (the end carries the trial's last batch of points): Tune's snapshot predates
@@ -362,13 +375,7 @@ def test_resumed_trial_that_ends_at_once_gets_the_mlflow_points_a_crash_lost(sin
     rec = dict(cb.records()[0], status="completed", ended_at=2000.0, last_step=30)
     pq.write_trial(rec)  # ... the trial's final record, and the driver dies here
 
-    from orchestrator.store.parquet import read_trial_records
-
-    ml2 = MlflowSink(uri, "geosweep", "sw")
-    ml2.start_parent("name: sw\n", {"sweep": "sw"}, {})
-    cb2 = SinkCallback(parquet=ParquetSink(root, "sw"), mlflow=ml2, metric="val/loss",
-                       clock=Clock())
-    cb2.preload(read_trial_records(root, "sw"))
+    ml2, cb2 = _resumed_driver(uri, root)
     cb2.on_trial_start(0, [], t)
     cb2.on_trial_complete(0, [], t)
     cb2.flush()
@@ -397,13 +404,7 @@ def test_preloaded_finished_trial_keeps_outcome_and_times(sinks):
     cb.on_trial_complete(0, [], done)
     first = {r["trial"]: r for r in cb.records()}
 
-    from orchestrator.store.parquet import read_trial_records
-
-    ml2 = MlflowSink(uri, "geosweep", "sw")
-    ml2.start_parent("name: sw\n", {"sweep": "sw"}, {})
-    cb2 = SinkCallback(parquet=ParquetSink(root, "sw"), mlflow=ml2, metric="val/loss",
-                       clock=Clock())
-    cb2.preload(read_trial_records(root, "sw"))
+    ml2, cb2 = _resumed_driver(uri, root)
     cb2.on_trial_start(0, [], done)
     cb2.on_trial_complete(0, [], done)
     assert cb2.seen() == {done.trial_id}
