@@ -24,6 +24,7 @@ import math
 import os
 import re
 import time
+from operator import itemgetter
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
@@ -43,6 +44,7 @@ _MAX_METRICS = 1000  # MLflow's per-log_batch limits
 _MAX_PARAMS_TAGS = 100
 _MAX_PARAM_LEN = 6000
 _MAX_TAG_LEN = 5000
+_STEP = itemgetter(2)  # a point's step in (key, value, step, timestamp)
 _BAD_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
 NOTE_TAG = "mlflow.note.content"  # MLflow's run description (markdown)
 _END_STATUS = END_STATUS  # geosweep status -> MLflow run status (store/run_names.py)
@@ -325,15 +327,18 @@ class MlflowSink:
         t0 = self._start_ms.get(trial_id, int(time.time() * 1000))
         metrics = []
         keys: dict[tuple[str, str], str] = {}  # a curve has a handful of (split, metric)
+        isinf, isfinite, append = math.isinf, math.isfinite, metrics.append
         for p in points:
             sm = (p["split"], p["metric"])
             key = keys.get(sm)
             if key is None:
                 key = keys[sm] = _key(mlflow_key(f"{sm[0]}/{sm[1]}"))
+            value = float(p["value"])
+            if isinf(value):  # not logged (``_infinite``)
+                continue
             wall = p.get("wall_time")
-            ts = t0 + int(1000 * wall) if wall is not None and math.isfinite(wall) else None
-            if not _infinite(float(p["value"])):
-                metrics.append((key, float(p["value"]), int(p["step"]), ts))
+            ts = t0 + int(1000 * wall) if wall is not None and isfinite(wall) else None
+            append((key, value, int(p["step"]), ts))
         return metrics
 
     def set_tags(self, trial_id: str | None, tags: dict[str, Any]) -> None:
@@ -351,14 +356,17 @@ class MlflowSink:
         ``params`` and ``tags``, when given, and the run's ``end``: see ``_log_batch``)."""
         run_id = self._run(trial_id)
         now = int(time.time() * 1000)
-        batch = []
+        # plain (key, value, timestamp, step) tuples: a sweep logs thousands of points a
+        # trial, and an MLflow ``Metric`` a point cost the writer more than sqlite's insert
+        batch: list[tuple[str, float, int, int]] = []
+        last_step = self._last_step
         for items in groups:
-            for key, value, step, ts in sorted(items, key=lambda m: m[2]):
-                last = self._last_step.get((trial_id, key))
+            for key, value, step, ts in sorted(items, key=_STEP):
+                last = last_step.get((trial_id, key))
                 if last is not None and step <= last:
                     continue  # at most once per step (resume, repeated final report)
-                self._last_step[(trial_id, key)] = step
-                batch.append(Metric(key, value, ts if ts is not None else now, step))
+                last_step[(trial_id, key)] = step
+                batch.append((key, value, now if ts is None else ts, step))
         self._log_batch(run_id, batch, params or {}, tags or {}, end)
         return len(batch)
 
@@ -372,9 +380,10 @@ class MlflowSink:
     def _log_tags(self, run_id: str, tags: dict) -> None:
         self._log_batch(run_id, tags=tags)
 
-    def _log_batch(self, run_id: str, metrics: list[Metric] = (), params: dict | None = None,
+    def _log_batch(self, run_id: str, metrics: list[tuple] = (), params: dict | None = None,
                    tags: dict | None = None, end: tuple[str, int] | None = None) -> None:
-        """Metrics, new params and tags of one run, then with ``end`` = (MLflow status, end
+        """Metrics ((key, value, timestamp, step) tuples), new params and tags of one run,
+        then with ``end`` = (MLflow status, end
         time in ms) the run terminated: on the sweep's own sqlite store one transaction
         (store/mlflow_metrics.py), elsewhere as few ``log_batch`` calls as MLflow's per-call
         limits allow and ``set_terminated``; nothing to log: no call."""
@@ -391,6 +400,7 @@ class MlflowSink:
         if self._points is not None and (ms or ps or ts or end):
             self._points.write(run_id, ms, ps, ts, end)
             ms, ps, ts, end = [], [], [], None
+        ms = [Metric(*m) for m in ms]  # MLflow's client: its entities
         while ms or ps or ts:
             self.client.log_batch(run_id, metrics=ms[:_MAX_METRICS],
                                   params=ps[:_MAX_PARAMS_TAGS], tags=ts[:_MAX_PARAMS_TAGS])

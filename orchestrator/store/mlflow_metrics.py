@@ -148,7 +148,7 @@ class SqliteMetrics:
 
     def write(self, run_id: str, metrics: Iterable[Any] = (), params: Iterable[Any] = (),
               tags: Iterable[Any] = (), end: tuple[str, int] | None = None) -> None:
-        """Log ``metrics`` (``mlflow.entities.Metric``: key, value, timestamp, step),
+        """Log ``metrics`` (``mlflow.entities.Metric`` or (key, value, timestamp, step)),
         ``params`` (``Param``) and ``tags`` (``RunTag``) of the run ``run_id``, and with
         ``end`` = (status, end time in ms) terminate it, in one transaction."""
         # MLflow's own checks (names, lengths, truncation, one value per param key)
@@ -158,8 +158,14 @@ class SqliteMetrics:
         _validate_param_keys_unique(params)
         rows: dict[tuple, None] = {}  # MLflow drops equal points of one batch
         for m in metrics:
-            value, is_nan = _sanitize(float(m.value))
-            rows[(m.key, value, int(m.timestamp), run_id, int(m.step), is_nan)] = None
+            key, value, ts, step = m if isinstance(m, tuple) else (m.key, m.value, m.timestamp,
+                                                                    m.step)
+            value = float(value)
+            if value - value == 0.0:  # finite (the common case: no call)
+                rows[(key, value, int(ts), run_id, int(step), 0)] = None
+            else:
+                value, is_nan = _sanitize(value)
+                rows[(key, value, int(ts), run_id, int(step), is_nan)] = None
         if not (rows or params or tags or end):
             return
         with self._transaction() as con:

@@ -57,7 +57,10 @@ def _rows(db, run_id):
     return m, latest
 
 
-def test_rows_are_mlflows_batch_after_batch(tmp_path, template):
+@pytest.mark.parametrize("form", ["entities", "tuples"])
+def test_rows_are_mlflows_batch_after_batch(tmp_path, template, form):
+    """The same rows as MLflow's ``log_batch``, whether the points come as MLflow's entities
+    or as the (key, value, timestamp, step) tuples the sweep's sink sends (NaN and inf too)."""
     db_a, client, run_a = _store(tmp_path, template, "mlflow")
     db_b, _, run_b = _store(tmp_path, template, "direct")
     direct = SqliteMetrics.open(str(db_b))
@@ -65,7 +68,8 @@ def test_rows_are_mlflows_batch_after_batch(tmp_path, template):
     try:
         for batch in BATCHES:
             client.log_batch(run_a, metrics=batch)
-            direct.write(run_b, batch)
+            direct.write(run_b, batch if form == "entities" else
+                         [(m.key, m.value, m.timestamp, m.step) for m in batch])
             assert _rows(db_b, run_b) == _rows(db_a, run_a)
     finally:
         direct.close()
