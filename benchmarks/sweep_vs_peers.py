@@ -26,8 +26,8 @@ end events: geosweep's trial records, a 3-hook callback in the raw Tune arm):
 - report blocking: how long each ``tune.report`` call of a trial took, timed inside the trial
   (geosweep: ``report_block_ms`` / ``checkpoint_report_ms`` of its timing; a trial's last
   report is not counted in either arm);
-- warm (unless ``--no-warm-ray``): both once more on a warm local Ray (``geosweep ray start``;
-  raw Tune joins it with ``ray.init(address=...)``), 2 x 1 s trials.
+- warm (unless ``--no-warm-ray``): both once more per round on a warm local Ray (``geosweep ray
+  start``; raw Tune joins it with ``ray.init(address=...)``), 2 x 1 s trials, order alternating.
 
 Last line: JSON with every arm's ratio to the ideal (``<arm>_vs_ideal_<size>``),
 ``geosweep_vs_raytune_5s``/``_1s``, ``report_block_ms_median``, ``checkpoint_report_ms_median``,
@@ -396,7 +396,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(_printable(row)), flush=True)
     if not args.no_warm_ray and "geosweep" in arms:
-        rows += _warm_runs(tmp, sps, [a for a in arms if a in REPORT_ARMS])
+        rows += _warm_runs(tmp, sps, [a for a in arms if a in REPORT_ARMS], rounds)
     load1 = os.getloadavg()
     shutil.rmtree(tmp, ignore_errors=True)
     _summary(rows, arms, want, rounds, sps, load0, load1, args.quick)
@@ -512,9 +512,11 @@ def _summary(rows: list[dict], arms: list[str], sizes: list[str], rounds: int, s
     print(json.dumps(out))
 
 
-def _warm_runs(tmp: str, sps: float, arms: list[str]) -> list[dict]:
-    """geosweep (and raw Tune) once each on a warm local Ray (`geosweep ray start`), 2 x 1 s
-    trials: time to the first trial and teardown with Ray already up."""
+def _warm_runs(tmp: str, sps: float, arms: list[str], rounds: int = 1) -> list[dict]:
+    """geosweep (and raw Tune) ``rounds`` times each on a warm local Ray (`geosweep ray
+    start`), 2 x 1 s trials, the order alternating: time to the first trial and teardown with
+    Ray already up (one run each was as noisy as the gap it measured: the first run on a fresh
+    warm Ray pays more than the next)."""
     from cluster.warm import current
 
     me = ["-m", "orchestrator.cli", "ray"]
@@ -526,11 +528,12 @@ def _warm_runs(tmp: str, sps: float, arms: list[str]) -> list[dict]:
         warm = current()
         if warm is None:
             raise RuntimeError("geosweep ray start: no warm Ray found after it")
-        for arm in arms:
-            row = run_arm(arm, 2, max(4, round(sps)), tmp, timeout=180, warm=warm)
-            row.update(size="warm", round=0, load=os.getloadavg()[0])
-            rows.append(row)
-            print(json.dumps(_printable(row)), flush=True)
+        for rnd in range(rounds):
+            for arm in arms[rnd % len(arms):] + arms[:rnd % len(arms)]:
+                row = run_arm(arm, 2, max(4, round(sps)), tmp, timeout=180, warm=warm)
+                row.update(size="warm", round=rnd, load=os.getloadavg()[0])
+                rows.append(row)
+                print(json.dumps(_printable(row)), flush=True)
     finally:
         if started:
             _wait([_spawn([*me, "stop"])], "geosweep ray stop", 60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 
 import duckdb
@@ -666,8 +667,32 @@ def test_tune_keeps_no_curve_in_the_trials_last_result(tmp_path):
     assert not {"_curve", "_rows", "_config", "_timing", "_trial_params", "_arm", "_seed",
                 "_node", "_divergence", "_world_size"} & set(result)
     assert result["_status"] == "running" and result["val/loss"] == 2.0
+    assert "train/loss" not in result  # a scalar only the sink reads (the metric stays)
+    assert result["step"] == 10 and result["lr"] == 1e-3 and result["config"]
     cb.flush()
     rec = cb.records()[0]  # the writer's copy had them all
     assert rec["arm"] == result_arm and rec["seed"] == 0 and rec["timing"]
+    assert rec["scalars"]["train/loss"] == 1.0
     assert len(read_curves(str(tmp_path), sweep="s")) == 11
     assert len(read_metrics(str(tmp_path), sweep="s")) == 3
+
+
+def test_the_result_kept_with_a_checkpoint_is_stripped_as_the_result_was(tmp_path):
+    """Tune keeps a second, whole copy of a result that carried a checkpoint (what the
+    trial's ``save`` returns) and encodes it into every snapshot while the checkpoint is kept:
+    the sink strips it after Tune registered it, and has Tune encode the trial anew."""
+    cb = SinkCallback(parquet=ParquetSink(str(tmp_path), "s"), sweep="s")
+    t = FakeTrial("t1", {"optim.lr": 1e-3, "train.seed": 0})
+    kept = _payload(t, 1, 10)
+    invalidated = []
+    t.latest_checkpoint_result = SimpleNamespace(checkpoint=object(), metrics=kept)
+    t.invalidate_json_state = lambda: invalidated.append("trial")
+    t.run_metadata = SimpleNamespace(invalidate_cache=lambda: invalidated.append("metadata"))
+    cb.on_trial_save(0, [], t)
+    assert not {"_curve", "_rows", "_timing", "train/loss"} & set(kept)
+    assert kept["val/loss"] == 2.0 and kept["step"] == 10 and kept["_status"] == "running"
+    assert invalidated == ["trial", "metadata"]
+    cb.on_trial_save(0, [], t)  # nothing left to strip: Tune's cached encoding stays
+    assert invalidated == ["trial", "metadata"]
+    t.latest_checkpoint_result = None  # no checkpoint kept
+    cb.on_trial_save(0, [], t)
