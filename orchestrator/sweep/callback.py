@@ -66,6 +66,7 @@ from ray.tune import Callback
 from orchestrator.spec.params import P_KEY
 from orchestrator.store.parquet import ParquetSink
 from orchestrator.store.run_names import TAG, reason, run_name
+from orchestrator.sweep.curve_codec import unpack_curve
 from orchestrator.sweep.space import flat_from_tune_config
 
 if TYPE_CHECKING:  # MLflow is imported on the store's thread (orchestrator/sweep/mlflow_start.py)
@@ -423,7 +424,7 @@ class SinkCallback(Callback):
     def _do_trial_result(self, trial: Any, result: dict) -> None:
         tid = trial.trial_id
         rec = self._record(trial)
-        curve, rows = result.get("_curve") or [], result.get("_rows") or []
+        curve, rows = unpack_curve(result.get("_curve")), result.get("_rows") or []
         self._update(rec, result, curve)
         # The curve has the train loss of every step since the last report, so its first step
         # tells a restart; a repeated report of the same step (rows only) is not one.

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.spec.divergence_rules import DivergenceRules
+from orchestrator.sweep.curve_codec import pack_curve
 from orchestrator.sweep.divergence import DivergenceMonitor, penalty_value
 from orchestrator.sweep.gpu_fit import check_gpu_fit, visible_devices_match
 from workloads.config import flatten, from_dict
@@ -49,7 +50,7 @@ def make_payload(rep: Report, ctx: dict[str, Any], metric: str, initial_loss: fl
         del out["val/best_loss"]
     if rep.divergence is not None:
         out["diverged"] = 1.0
-    out["_curve"] = [vars(p) for p in rep.curve]
+    out["_curve"] = pack_curve(rep.curve)  # a few byte strings (sweep/curve_codec.py)
     out["_rows"] = rep.rows
     out["_status"] = status
     out["_divergence"] = vars(rep.divergence) if rep.divergence else None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from types import SimpleNamespace
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import duckdb
 import pandas as pd
