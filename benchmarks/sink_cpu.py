@@ -1,9 +1,9 @@
 """What the sweep driver's result sink costs per trial, in-process, split by writer.
 
 The sink (orchestrator/sweep/callback.py ``SinkCallback``) is fed what a trial of
-``sweep_vs_peers.py`` sends it: a
-start, two results carrying the per-step curve (train loss, grad norm, lr per step, val loss
-at each report) with a checkpoint-free payload as worker.py builds it, a final result and the
+``sweep_vs_peers.py`` sends it: a start, two results carrying the per-step curve (train loss,
+grad norm, lr per step, val loss at each report; packed as worker.py packs it, before the
+timing starts) with a checkpoint-free payload as worker.py builds it, a final result and the
 end. The curve sizes are the benchmark's 1 s and 5 s trials (141 and 705 steps on gpt-debug).
 CPU time of this process per trial (all threads; the first trial untimed) with the sink as a
 sweep runs it (``background``: its writer thread, a running trial's record refreshed at most
@@ -35,6 +35,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator.sweep.curve_codec import pack_curve  # noqa: E402 - after the path
+
 SIZES = (141, 705)  # steps of sweep_vs_peers' 1 s and 5 s trials on gpt-debug
 # writer -> the function whose cumulative time is its share
 WRITERS = {"parquet_parts": "write_curve", "parquet_records": "write_trial",
@@ -50,7 +52,7 @@ def _payload(a: int, b: int, status: str = "running") -> dict:
     out = {"train/loss": 3.9, "val/loss": 3.0, "val/best_loss": 3.0, "train/lr": 1e-3,
            "train/grad_norm": 1.2, "train/tokens_per_s": 1e4, "train/time_s": 1.0,
            "train/initial_loss": 4.4, "step": b, "objective": 3.0}
-    out.update(_curve=curve, _rows=[], _status=status, _divergence=None, _node="n",
+    out.update(_curve=pack_curve(curve), _rows=[], _status=status, _divergence=None, _node="n",
                _timing={"setup_s": 1.0, "wall_s": 2.0, "train_s": 1.0,
                         "report_block_ms": [1.0] * 5, "checkpoint_report_ms": []},
                _trial_params={"optim.lr": 1e-3, "train.seed": 0}, _arm="a", _seed=0)
@@ -74,14 +76,17 @@ def measure(steps: int, trials: int, background: bool) -> dict:
         cb = SinkCallback(parquet=ParquetSink(f"{tmp}/sw/parquet", "sw"), mlflow=ml,
                           metric="val/loss", background=background)
 
+        half = steps // 2
+        # what the trials send, built (and packed) before the clock starts: the workers' work
+        payloads = [(_payload(1, half), _payload(half + 1, steps),
+                     _payload(steps + 1, steps + 1, "completed")) for _ in range(trials + 1)]
+
         def one(i: int) -> None:
             t = SimpleNamespace(trial_id=f"t{i:05d}",
                                 config={"optim.lr": 1e-3 * (1 + i), "train.seed": 0})
-            half = steps // 2
             cb.on_trial_start(0, [], t)
-            cb.on_trial_result(0, [], t, _payload(1, half))
-            cb.on_trial_result(0, [], t, _payload(half + 1, steps))
-            cb.on_trial_result(0, [], t, _payload(steps + 1, steps + 1, "completed"))
+            for result in payloads[i]:
+                cb.on_trial_result(0, [], t, result)
             cb.on_trial_complete(0, [], t)
 
         one(0)
