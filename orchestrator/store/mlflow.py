@@ -383,10 +383,10 @@ class MlflowSink:
     def _log_batch(self, run_id: str, metrics: list[tuple] = (), params: dict | None = None,
                    tags: dict | None = None, end: tuple[str, int] | None = None) -> None:
         """Metrics ((key, value, timestamp, step) tuples), new params and tags of one run,
-        then with ``end`` = (MLflow status, end
-        time in ms) the run terminated: on the sweep's own sqlite store one transaction
-        (store/mlflow_metrics.py), elsewhere as few ``log_batch`` calls as MLflow's per-call
-        limits allow and ``set_terminated``; nothing to log: no call."""
+        then with ``end`` = (MLflow status, end time in ms) the run terminated: on the
+        sweep's own sqlite store one transaction (store/mlflow_metrics.py), elsewhere as few
+        ``log_batch`` calls as MLflow's per-call limits allow and ``set_terminated``; nothing
+        to log: no call."""
         have = self._param_keys.get(run_id)
         if have is None and params:  # a run found again: the params it already holds
             have = self._param_keys[run_id] = set(self.client.get_run(run_id).data.params)

@@ -391,9 +391,9 @@ class SinkCallback(Callback):
 
     def _strip(self, result: dict) -> None:
         """Leave in Tune's copy of a result what Tune's parts and the progress line read: the
-        objective, ``step``, the sweep's metric and the status keys. The payload keys and the
-        other reported scalars go (each numeric key costs Tune seven statistics per trial in
-        every snapshot: 7 of 14 kB per trial for a gpt-debug trial; the sink has them)."""
+        objective (``self.metric``), ``step`` and the status keys. The payload keys and the
+        reported scalars go: Tune keeps seven statistics of every numeric key per trial and
+        encodes them into every snapshot, and the sink has its own copy of them."""
         for key in _SINK_ONLY:
             result.pop(key, None)
         for key in [k for k in result if "/" in k and k != self.metric
