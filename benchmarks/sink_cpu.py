@@ -15,8 +15,9 @@ Not a timed test: these machines are noisy, and the figure to read beside it is
 
     python benchmarks/sink_cpu.py [--trials 20]
 
-Prints a table; the last line is one JSON object: ``sink_cpu_ms_per_trial_<steps>`` and the
-writers' shares ``<writer>_share_<steps>``.
+Then MLflow's points alone as one sweep's store grows (blocks of 16 trials of 705 steps).
+Prints a table; the last line is one JSON object: ``sink_cpu_ms_per_trial_<steps>``, the
+writers' shares ``<writer>_share_<steps>`` and ``mlflow_points_ms_per_trial_by_16``.
 """
 
 from __future__ import annotations
@@ -111,10 +112,46 @@ def measure(steps: int, trials: int, background: bool) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def store_growth(steps: int = 705, blocks: int = 4, per_block: int = 16) -> list[float]:
+    """CPU-ms per trial of MLflow's points alone (``SqliteMetrics.write``: a trial's curve in
+    three results, as the sink writes it) for each block of ``per_block`` trials as one sweep's
+    store grows: what a point costs depends on how much the store already holds (the three
+    indexes MLflow keeps on ``metrics``)."""
+    from mlflow import MlflowClient
+
+    from orchestrator.store.mlflow_metrics import SqliteMetrics
+    from orchestrator.store.sqlite_durability import forget, register
+
+    tmp = tempfile.mkdtemp(prefix="geosweep-growth-")
+    db = f"{tmp}/mlflow.db"
+    try:
+        client = MlflowClient(f"sqlite:///{db}")
+        register(db)
+        exp = client.create_experiment("growth")
+        sink = SqliteMetrics.open(db)
+        third = steps // 3
+        keys = ("train/loss", "train/grad_norm", "train/lr")
+        out = []
+        for b in range(blocks):
+            runs = [sink.create_run(exp, f"t{b}-{i}", {})[0] for i in range(per_block)]
+            c0 = time.process_time()
+            for run in runs:
+                for h in range(3):
+                    sink.write(run, [(k, 4.0 - 1e-3 * s, 1000 + s, s) for s in
+                                     range(h * third, (h + 1) * third) for k in keys])
+            out.append(1e3 * (time.process_time() - c0) / per_block)
+        sink.close()
+        forget(db)
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args()
+    growth = store_growth()
     rows = {}
     for steps in SIZES:
         rows[steps] = measure(steps, args.trials, background=False)  # the shares
@@ -127,7 +164,10 @@ def main() -> None:
               + "".join(f"{r[w]:>17.0%}" for w in WRITERS))
     print("(CPU: all threads, the sink in background as a sweep runs it; shares: cProfile's "
           "cumulative time of each writer, foreground, every record refresh written)")
-    js = {"load_avg": round(load[0], 2)}
+    print("MLflow's points alone (705 steps, 3 points a step) as one store grows, CPU ms per "
+          "trial by block of 16 trials: " + ", ".join(f"{g:.1f}" for g in growth))
+    js = {"load_avg": round(load[0], 2),
+          "mlflow_points_ms_per_trial_by_16": [round(g, 2) for g in growth]}
     for steps, r in rows.items():
         js[f"sink_cpu_ms_per_trial_{steps}"] = round(r["ms_per_trial"], 2)
         js.update({f"{w}_share_{steps}": round(r[w], 3) for w in WRITERS})
