@@ -382,22 +382,18 @@ class SinkCallback(Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info) -> None:
         mine = dict(result)  # the writer's copy: Tune goes on with the result meanwhile
-        # Tune keeps the result as the trial's last_result, tracks every number in it (nested
-        # dicts flattened) and serialises both into every experiment snapshot (every 2 s, and
-        # at checkpoints): what only this sink reads leaves the result here (callbacks may
-        # change it: Tune's own note in TuneController)
-        self._strip(result)
+        self._strip(result)  # Tune's copy (callbacks may change it: Tune's own note)
         self._defer(self._do_trial_result, trial, mine) or self._do_trial_result(trial, mine)
 
     def _strip(self, result: dict) -> None:
         """Leave in Tune's copy of a result what Tune's parts and the progress line read: the
         objective (``self.metric``), ``step`` and the status keys. The payload keys and the
-        reported scalars go: Tune keeps seven statistics of every numeric key per trial and
-        encodes them into every snapshot, and the sink has its own copy of them."""
+        reported ``a/b`` scalars go: Tune keeps the result as the trial's last result, seven
+        statistics of every numeric key (nested dicts flattened) per trial, and encodes both
+        into every experiment snapshot; the sink has its own copy of them."""
         for key in _SINK_ONLY:
             result.pop(key, None)
-        for key in [k for k in result if "/" in k and k != self.metric
-                    and not k.startswith("config/")]:
+        for key in [k for k in result if "/" in k and k != self.metric]:
             del result[key]
 
     def on_trial_save(self, iteration: int, trials: list, trial: Any, **info) -> None:
