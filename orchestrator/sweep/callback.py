@@ -34,14 +34,21 @@ first result, or its end when it has none (a trial that finished before the cras
 Tune re-starts after the resume ends at once).
 
 Batching. Parquet gets every result's curve and metric parts when the writer takes it (a
-restart is told by them); a running trial's record is refreshed at most every ``BATCH_S``
-(its start and its end always). MLflow gets a trial's writes in batches: its points (curves
-and scalars) of up to ``BATCH_S`` in one transaction (straight into the sqlite tables of the
-sweep's own store: store/mlflow_metrics.py), its params and tags of up to ``META_S`` in one
-``log_batch``, everything left with its end. ``get_state`` writes every batched point out
-first, ``flush`` everything. A trial shorter than ``META_S`` costs MLflow's client 3 calls
-(create, one batch, end) instead of one per report plus 4; the UI and ``geosweep status``
-show a running trial's curves at most ``BATCH_S`` late, its params at most ``META_S``.
+restart is told by them). A running trial's record is written at its start and its end; a
+result's refresh of it waits up to ``BATCH_S`` for company, as MLflow's points do: a later
+result of the trial, or its end, which replaces it (a 5 s trial's record is then written 2-3
+times instead of 4: the refresh of its last result goes with its end). A trial's first
+record goes at once whatever wrote it, ``flush`` writes what waits. Tune's snapshot does not
+wait for a refresh: a restored trial re-reports from its checkpoint on, and its record with
+it (a final status never waits for one: Tune ends a trial, ``on_trial_complete``, before the
+snapshot that records its last checkpoint). MLflow gets a trial's writes in batches: its
+points (curves and scalars) of up to ``BATCH_S`` in one transaction (straight into the
+sqlite tables of the sweep's own store: store/mlflow_metrics.py), its params and tags of up
+to ``META_S`` in one ``log_batch``, everything left with its end. ``get_state`` writes every
+batched point out first, ``flush`` everything. A trial shorter than ``META_S`` costs
+MLflow's client 3 calls (create, one batch, end) instead of one per report plus 4; the UI
+and ``geosweep status`` show a running trial's curves at most ``BATCH_S`` late, its params
+at most ``META_S``.
 
 A resumed driver ``preload``s the records already in Parquet, so a trial Tune only
 re-finalises keeps its status and the sweep's result covers every trial. Works without Ray
@@ -82,8 +89,8 @@ FINAL_STATUSES = ("completed", "diverged", "stopped", "failed")
 _SINK_ONLY = ("_curve", "_rows", "_config", "_timing", "_trial_params", "_arm", "_seed", "_node",
               "_divergence", "_world_size")
 _SEED_KEY = "train.seed"
-# the longest a running trial's MLflow writes wait for company, and its Parquet record for a
-# refresh; Tune's experiment snapshot (every 2 s: cluster/local.py) writes them out anyway
+# the longest a running trial's MLflow points and its Parquet record's refresh wait for
+# company; Tune's experiment snapshot (every 2 s: cluster/local.py) writes the points out anyway
 BATCH_S = 2.0
 META_S = 10.0  # a running trial's MLflow params and tags (a resumed driver sends them again)
 _SNAPSHOT = object()  # queue items: write out every MLflow point batched (get_state),
@@ -154,7 +161,9 @@ class SinkCallback(Callback):
         self._caught_up: set[str] = set()  # trials whose on-disk curve this driver sent MLflow
         # trial id -> its MLflow writes not made yet (results, params, tags; writer thread)
         self._mlflow_buf: dict[str, dict[str, Any]] = {}
-        self._written_at: dict[str, float] = {}  # trial id -> when its record was written
+        self._written: set[str] = set()  # trials whose record this driver wrote (writer thread)
+        # trial id -> since when (monotonic) a refresh of its record waits to be written
+        self._due: dict[str, float] = {}
         # queued writer events per trial that end by writing its record (all but restore):
         # while a later one is queued, an earlier one skips its write (it would be replaced)
         self._pending: dict[str, int] = {}
@@ -225,7 +234,7 @@ class SinkCallback(Callback):
         state = dict(self.__dict__)
         state.update(_queue=None, _thread=None, _error=None, _pending={}, _lock=None,
                      _mlflow_later=None, _mlflow_error=None, _caught_up=set(), _mlflow_buf={},
-                     _written_at={})
+                     _written=set(), _due={})
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -270,13 +279,16 @@ class SinkCallback(Callback):
 
     def _drain(self) -> None:
         while True:
-            try:  # idle with MLflow batches waiting: write them out once they are due
-                item = self._queue.get(timeout=self.batch_s if self._mlflow_buf else None)
+            try:  # idle with writes waiting: write them out once they are due
+                item = self._queue.get(timeout=self._idle_s())
             except queue.Empty:
                 self._guarded(self._mlflow_flush, True)
+                self._guarded(self._records_flush, True)
                 continue
             if item is _SNAPSHOT or item is _EVERYTHING:
                 self._guarded(self._mlflow_flush, False, item is _EVERYTHING)
+                if item is _EVERYTHING:
+                    self._guarded(self._records_flush, False)
                 self._queue.task_done()
                 continue
             fn, snap, args, now, writes = item
@@ -284,12 +296,21 @@ class SinkCallback(Callback):
                 self._now = now  # timestamps are those of the Tune event, not of the write
                 self._guarded(fn, snap, *args)
                 self._guarded(self._mlflow_flush, True)
+                self._guarded(self._records_flush, True)
             finally:
                 self._now = None
                 if writes:
                     with self._lock:
                         self._pending[snap.trial_id] -= 1
                 self._queue.task_done()
+
+    def _idle_s(self) -> float | None:
+        """How long the idle writer waits for an event: until the first record refresh is due,
+        at most ``batch_s`` while MLflow batches wait, for ever when nothing waits."""
+        waits = [self.batch_s] if self._mlflow_buf else []
+        if self._due:
+            waits.append(max(0.0, min(self._due.values()) + self.batch_s - time.monotonic()))
+        return min(waits) if waits else None
 
     def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
         try:
@@ -554,19 +575,31 @@ class SinkCallback(Callback):
                                   params=buf["params"])
 
     def _write(self, rec: dict, refresh: bool = False) -> None:
-        """The trial's Parquet record; ``refresh``: a running trial's update, skipped when
-        the record on disk is younger than ``BATCH_S`` (its end writes it anyway)."""
+        """The trial's Parquet record; ``refresh``: a running trial's update, which in
+        background waits up to ``batch_s`` for a later one or the trial's end (written by
+        ``_records_flush``), unless the trial has no record from this driver yet."""
         if self.parquet is None:
             return
         tid = rec["trial"]
         with self._lock:
             later = self._pending.get(tid, 0) > 1
-        now = time.monotonic()
-        if later or (refresh and self.background
-                     and now - self._written_at.get(tid, -math.inf) < self.batch_s):
-            return  # a queued event of this trial writes the newer record soon, or its end
+        if later:
+            return  # a queued event of this trial writes (or refreshes) the newer record soon
+        if refresh and self.background and tid in self._written:
+            self._due.setdefault(tid, time.monotonic())
+            return
+        self._due.pop(tid, None)
         self.parquet.write_trial(rec)
-        self._written_at[tid] = now
+        self._written.add(tid)
+
+    def _records_flush(self, due_only: bool) -> None:
+        """Write the refreshed records that wait (``due_only``: those waiting ``batch_s``)."""
+        now = time.monotonic()
+        for tid, since in list(self._due.items()):
+            if due_only and now - since < self.batch_s:
+                continue
+            del self._due[tid]
+            self.parquet.write_trial(self._records[tid])
 
     # --- MLflow tags ----------------------------------------------------------------------
     def _tags(self, rec: dict) -> dict[str, Any]:
