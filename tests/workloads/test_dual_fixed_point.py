@@ -59,8 +59,7 @@ def test_the_optimum_is_a_fixed_point_of_the_map():
     G, W = stiefel_problem(60, 12, 1)
     ref = solve_direction(G, W, identity, DualOptions(mode="exact", tol=1e-12, steps=200))
     pb = GramProblem(G, W, identity, F64)
-    K = 0.5 * (pb.G1 - pb.G1.mT)
-    st = dfp._state(pb, ref.L, K, torch.zeros((), dtype=F64))
+    st = dfp._state(pb, ref.L, dfp._frame(pb), torch.zeros((), dtype=F64))
     S = 0.5 * (pb.G1 + pb.G1.mT) + 2.0 * ref.L
     assert float((st["F"] - S).norm() / S.norm()) < 1e-9
 

@@ -41,47 +41,80 @@ def _sym(M: torch.Tensor) -> torch.Tensor:
     return 0.5 * (M + M.mT)
 
 
-def _state(pb: GramProblem, L: torch.Tensor, K: torch.Tensor, mu2: torch.Tensor,
-           regular: float | None = None) -> dict[str, torch.Tensor]:
-    """At multiplier L and smoothing mu2 (batch): Q, the residual, the map's next S (``F``)
-    and ``mu2``. With ``regular``, mu2 is first set to 0 where X's smallest singular value is
-    at least ``regular`` (and kept where it is not)."""
-    ML = pb.M @ L
-    Y = pb.G1 + 2.0 * ML  # W^T X
-    LG = pb.G1.mT @ L
-    N = _sym(pb.C + 2.0 * (LG + LG.mT) + 4.0 * L @ ML)  # X^T X
-    e, V = torch.linalg.eigh(N)
+def _frame(pb: GramProblem) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Z0, C2)``, made once per call, so that a pass forms W^T X and X^T X with two n x n
+    products for any M = W^T W: with Z = M^{-1} W^T X = Z0 + 2 L, Z0 = M^{-1} G1,
+    Y = W^T X = M Z and N = X^T X = Z^T Y + C2, C2 = C - G1^T M^{-1} G1 (the part of G
+    outside W's span). Exact, not M = I rounded: the fixed point runs on M within
+    ``M_EYE_TOL`` of I, and every residual here is the given W's."""
+    Z0 = torch.linalg.solve(pb.M, pb.G1)
+    return Z0, _sym(pb.C - pb.G1.mT @ Z0)
+
+
+def _state(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Tensor],
+           mu2: torch.Tensor, regular: float | None = None) -> dict[str, torch.Tensor]:
+    """At multiplier L and smoothing mu2 (batch): the residual, the map's next S (``F``),
+    ``S`` = sym(Y) itself, Q's eigenvectors ``V`` and values ``q`` (Q is formed once, for the
+    answer: ``_q_of``) and ``mu2``. With ``regular``, mu2 is first set to 0 where X's smallest
+    singular value is at least ``regular`` (and kept where it is not).
+
+    Six n x n products and one eigh (the eigh is ~15 products' time at n = 64 on CPU, so the
+    products are trimmed, not the eigh): Y and N (``_frame``), then in V's basis
+    Yv = V^T Y V, where W^T A = Y Q is Yv diag(q) (the residual's norm is basis-free) and
+    V^T K V = skew(Yv) with K = skew(Y), and F = V (skew(Yv) o Phi) V^T."""
+    Z0, C2 = frame
+    Z = Z0 + 2.0 * L
+    Y = pb.M @ Z  # W^T X
+    # X^T X; eigh reads the lower triangle only, so its round-off asymmetry needs no _sym
+    e, V = torch.linalg.eigh(Z.mT @ Y + C2)
     e = e.clamp_min(0.0)
     if regular is not None:
         mu2 = torch.where(e[..., 0] >= regular * regular, 0.0, mu2)
     q = (e + mu2[..., None]).clamp_min(torch.finfo(e.dtype).tiny).rsqrt()
-    Q = (V * q.unsqueeze(-2)) @ V.mT
-    WA = Y @ Q
-    res = torch.linalg.matrix_norm(WA + WA.mT) / pb.n
+    Yv = V.mT @ Y @ V
+    WAv = Yv * q.unsqueeze(-2)  # V^T (W^T A) V
+    res = torch.linalg.matrix_norm(WAv + WAv.mT) / pb.n
     qi, qj = q.unsqueeze(-1), q.unsqueeze(-2)
-    F = _sym(V @ ((V.mT @ K @ V) * ((qi - qj) / (qi + qj))) @ V.mT)
-    return {"L": L, "Q": Q, "res": res, "F": F, "mu2": mu2}
+    # symmetric but for round-off, which the Anderson step's own _sym removes
+    F = V @ ((0.5 * (Yv - Yv.mT)) * ((qi - qj) / (qi + qj))) @ V.mT
+    return {"L": L, "V": V, "q": q, "res": res, "F": F, "S": _sym(Y), "mu2": mu2}
 
 
-def _anderson(S: torch.Tensor, g: torch.Tensor, hist: list[tuple[torch.Tensor, torch.Tensor]]
+def _q_of(V: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Q = V diag(q) V^T."""
+    return (V * q.unsqueeze(-2)) @ V.mT
+
+
+def _anderson(S: torch.Tensor, g: torch.Tensor, hist: tuple[torch.Tensor, torch.Tensor] | None
               ) -> torch.Tensor:
-    """The next S from the current S and residual g = F(S) - S and the kept pairs (type II
-    Anderson mixing, full step, per matrix of the batch)."""
-    if not hist:
+    """The next S from the current S and residual g = F(S) - S and the kept pairs ``hist``,
+    the earlier S's and g's flattened and stacked (..., k, n*n) (type II Anderson mixing,
+    full step, per matrix of the batch)."""
+    if hist is None:
         return S + g
-    n = S.shape[-1]
-    dX = torch.stack([S - s for s, _ in hist], -1).flatten(-3, -2)  # (..., n*n, k)
-    dG = torch.stack([g - r for _, r in hist], -1).flatten(-3, -2)
-    gram = dG.mT @ dG  # (..., k, k)
+    s, r = S.flatten(-2).unsqueeze(-2), g.flatten(-2).unsqueeze(-2)  # (..., 1, n*n)
+    dX, dG = s - hist[0], r - hist[1]  # (..., k, n*n)
+    gram = dG @ dG.mT  # (..., k, k)
     # a relative ridge; a matrix whose differences all vanish (it stopped moving) gets
     # gamma = 0 instead of a singular solve
     ridge = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True)
     ridge = torch.where(ridge > 0, ridge, 1.0)
     gram = gram + torch.diag_embed(ridge.expand(gram.shape[:-1]))
-    gamma = torch.linalg.solve(gram, dG.mT @ g.flatten(-2).unsqueeze(-1))
-    step = ((dX + dG) @ gamma).squeeze(-1).unflatten(-1, (n, n))
+    gamma = torch.linalg.solve(gram, dG @ r.mT)  # (..., k, 1)
+    step = (gamma.mT @ (dX + dG)).view(S.shape)
     out = _sym(S + g - step)
-    return torch.where(torch.isfinite(out).all(-1).all(-1)[..., None, None], out, S + g)
+    # a singular mix (gamma not finite) falls back to the plain step
+    return torch.where(torch.isfinite(gamma).all(-2, keepdim=True), out, S + g)
+
+
+def _remember(hist: tuple[torch.Tensor, torch.Tensor] | None, S: torch.Tensor, g: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hist`` with the pair (S, g) appended, the oldest dropped beyond ``HISTORY``."""
+    s, r = S.flatten(-2).unsqueeze(-2), g.flatten(-2).unsqueeze(-2)
+    if hist is None:
+        return s, r
+    return (torch.cat([hist[0][..., 1 - HISTORY:, :], s], -2),
+            torch.cat([hist[1][..., 1 - HISTORY:, :], r], -2))
 
 
 def _pick(take: torch.Tensor, new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]
@@ -104,21 +137,20 @@ def stiefel_fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch
     each matrix used (one eigh each)."""
     batch = L.shape[:-2]
     tol = torch.as_tensor(tol, dtype=pb.dtype, device=L.device).expand(batch)
-    K = 0.5 * (pb.G1 - pb.G1.mT)
-    sym_g1 = _sym(pb.G1)
+    frame = _frame(pb)
     zero = torch.zeros(batch, dtype=pb.dtype, device=L.device)
     smooth = torch.full_like(zero, mu * mu)
     passes = torch.zeros(batch, dtype=torch.long, device=L.device)
     active = torch.ones(batch, dtype=torch.bool, device=L.device)
-    best = {"L": L, "Q": torch.zeros_like(L), "res": torch.full_like(zero, torch.inf),
-            "mu2": zero}
+    best = {"L": L, "V": torch.zeros_like(L), "q": torch.zeros_like(L[..., 0]),
+            "res": torch.full_like(zero, torch.inf), "mu2": zero}
     mu2 = smooth
-    hist: list[tuple[torch.Tensor, torch.Tensor]] = []  # Anderson's (S, F(S) - S) pairs
+    hist = None  # Anderson's (S, F(S) - S) pairs
     since = torch.zeros_like(passes)  # passes in the current regime
     mark = torch.full_like(zero, torch.inf)  # the residual at the last check
     for k in range(steps):
         # the first pass decides each matrix's regime
-        st = _state(pb, L, K, mu2, JUMP * mu if k == 0 else None)
+        st = _state(pb, L, frame, mu2, JUMP * mu if k == 0 else None)
         mu2 = st["mu2"]
         passes = passes + active.long()
         best = _pick(active & (st["res"] < best["res"]), st, best)
@@ -135,11 +167,13 @@ def stiefel_fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch
             mu2 = torch.where(stalled, smooth, mu2)
             L = torch.where(stalled[..., None, None], best["L"], L)
             since = torch.where(stalled, 0, since)
-            hist = []  # the smoothed problem is another one: no mixing across the switch
+            hist = None  # the smoothed problem is another one: no mixing across the switch
             continue
-        S = sym_g1 + 2.0 * L
+        # S = sym(Y) moves by 2 dL (M = I to M_EYE_TOL): the step in L is half S's
+        S = st["S"]
         g = st["F"] - S
         S_next = _anderson(S, g, hist)
-        hist = (hist + [(S, g)])[-HISTORY:]
-        L = torch.where(active[..., None, None], 0.5 * (S_next - sym_g1), L)
-    return best, passes
+        hist = _remember(hist, S, g)
+        L = torch.where(active[..., None, None], L + 0.5 * (S_next - S), L)
+    return {"L": best["L"], "Q": _q_of(best["V"], best["q"]), "res": best["res"],
+            "mu2": best["mu2"]}, passes
