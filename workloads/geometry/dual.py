@@ -35,7 +35,9 @@ import torch
 
 from workloads.choices import DUAL_MODE_DEFAULTS, dual_settings
 from workloads.geometry.dual_fixed_point import stiefel_fixed_point
+from workloads.geometry.dual_fixed_point_dgram import dgram_fixed_point
 from workloads.geometry.dual_newton import (
+    M_EYE_TOL,
     GramProblem,
     identity,
     newton_solve,
@@ -85,6 +87,12 @@ MU_START = 0.1  # a cold solve's first smoothing rung, ||G||_F = 1 units (dual_n
 # DGram's square matrices started on that rung fell to residual ~8e-2)
 WARM_RUNGS = 3.1622776601683795
 _F64 = torch.float64
+# tall DGram's fixed point (dual_fixed_point_dgram) gets at most this many passes, then Newton
+# at the floor rung finishes from its best multiplier (its region of quadratic convergence,
+# which the fixed point, linear at ~0.6 a pass, reaches in ~8; measured on gpt-debug hetero
+# training: its MLP bucket 53 ms with 8 then Newton, 57-64 with 6 or 4, 74 with 12, 94 for
+# Newton alone; captured batches with column norms spread 1..3 all met tol at 8)
+DGRAM_FIXED_POINT_PASSES = 8
 
 
 @dataclass(frozen=True)
@@ -210,13 +218,15 @@ def _newton(G: torch.Tensor, W: torch.Tensor, P: Projector, opts: DualOptions,
     # rung the previous step ended on (the batch's largest), or at the floor
     floor = ladder_floor(opts.mode, n, dtype)
     L0 = usable_warm_start(L0, W) if opts.warm else None
-    if P is identity and not square and opts.mode == "fast" and pb.m_is_eye():
-        # tall Stiefel: the fixed point of the optimality condition, ~3x cheaper than Newton
-        # cold: Lambda = 0 (X = G; measured 6-13 passes on captured gpt-debug batches, 9-17
-        # from Newton's start -1/2 sym(W^T G), where the symmetric part is 0)
+    fp = _fixed_point_for(pb, P, square, opts.mode)
+    if fp is not None:
+        # tall Stiefel on its manifold: the fixed point of the optimality condition, ~3x
+        # cheaper than Newton; tall DGram on its own: a preconditioned fixed point, ~1.5-2x.
+        # cold: Lambda = 0 (X = G; measured 6-13 passes on captured gpt-debug Stiefel
+        # batches, 9-17 from Newton's start -1/2 sym(W^T G), where the symmetric part is 0)
         start = (P(0.5 * (L0 + L0.mT)).to(dtype) * c[..., None, None] if L0 is not None
                  else torch.zeros_like(pb.M))
-        st, passes = _fixed_point_then_newton(pb, start, opts, tol, floor)
+        st, passes = _fixed_point_then_newton(pb, start, opts, tol, floor, fp)
         A = G @ st["Q"].to(tall) + W @ (2.0 * st["L"] @ st["Q"]).to(tall)
         return A, passes, st["L"] / c[..., None, None], st["mu2"].sqrt()
     if L0 is not None:
@@ -235,17 +245,37 @@ def _newton(G: torch.Tensor, W: torch.Tensor, P: Projector, opts: DualOptions,
     return A, passes, st["L"] / c[..., None, None], st["mu2"].sqrt()
 
 
+def _fixed_point_for(pb: GramProblem, P: Projector, square: bool, mode: str
+                     ) -> Callable[..., tuple[dict, torch.Tensor]] | None:
+    """The fixed-point solver for a ``fast`` tall batch whose W is on its manifold (Stiefel:
+    M = I, DGram: M diagonal, to ``M_EYE_TOL``; one host sync), else None (Newton)."""
+    if square or mode != "fast":
+        return None
+    if P is identity and pb.m_is_eye():
+        return stiefel_fixed_point
+    if P is off and float(torch.linalg.matrix_norm(off(pb.M)).max()) < M_EYE_TOL:
+        return dgram_fixed_point
+    return None
+
+
 def _fixed_point_then_newton(pb: GramProblem, L: torch.Tensor, opts: DualOptions,
-                             tol: torch.Tensor, floor: float) -> tuple[dict, torch.Tensor]:
-    """Tall Stiefel in ``fast``: ``stiefel_fixed_point`` (unsmoothed, then at the floor where
-    it stalls); a matrix it leaves above tol is handed to the Newton ladder from its best
-    multiplier with the passes left, and keeps whichever ends lower."""
-    st, passes = stiefel_fixed_point(pb, L, opts.max_passes, tol, floor)
+                             tol: torch.Tensor, floor: float,
+                             fp: Callable[..., tuple[dict, torch.Tensor]]
+                             ) -> tuple[dict, torch.Tensor]:
+    """Tall Stiefel or DGram in ``fast``: the fixed point ``fp`` (unsmoothed, then at the
+    floor where it stalls); a matrix it leaves above tol is handed to the Newton ladder from
+    its best multiplier with the passes left, and keeps whichever ends lower. Stiefel's fixed
+    point may take every pass and Newton's ladder then starts a rung above the floor; DGram's
+    takes at most ``DGRAM_FIXED_POINT_PASSES`` and Newton starts on the floor rung."""
+    handoff = fp is dgram_fixed_point
+    st, passes = fp(pb, L, min(DGRAM_FIXED_POINT_PASSES, opts.max_passes) if handoff
+                    else opts.max_passes, tol, floor)
     left = opts.max_passes - int(passes.max())
     open_ = st["res"] >= tol
     if left > 0 and bool(open_.any()):
         nt, more = newton_solve(pb, st["L"], left, tol, opts.cg_iters,
-                                min(MU_START, 10.0 * floor), floor, polish=False)
+                                floor if handoff else min(MU_START, 10.0 * floor),
+                                floor, polish=False)
         take = open_ & (nt["res"] < st["res"])
         st = {k: torch.where(take.reshape(take.shape + (1,) * (v.ndim - take.ndim)), nt[k], v)
               for k, v in st.items() if k in nt}

@@ -27,11 +27,13 @@ the caller measures the returned direction's true residual against the raw W.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from workloads.geometry.dual_newton import JUMP, GramProblem
 
-__all__ = ["stiefel_fixed_point", "HISTORY", "STALL_PASSES"]
+__all__ = ["stiefel_fixed_point", "fixed_point", "HISTORY", "STALL_PASSES"]
 
 HISTORY = 4  # Anderson mixing: the last HISTORY differences (measured: 3-6 alike, 0 is slow)
 STALL_PASSES = 4  # an unsmoothed matrix must halve its residual every this many passes
@@ -87,9 +89,9 @@ def _q_of(V: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def _anderson(S: torch.Tensor, g: torch.Tensor, hist: tuple[torch.Tensor, torch.Tensor] | None
               ) -> torch.Tensor:
-    """The next S from the current S and residual g = F(S) - S and the kept pairs ``hist``,
-    the earlier S's and g's flattened and stacked (..., k, n*n) (type II Anderson mixing,
-    full step, per matrix of the batch)."""
+    """The next iterate from the current one S (a multiplier), its step g (the plain
+    iteration's S + g) and the kept pairs ``hist``, the earlier S's and g's flattened and
+    stacked (..., k, n*n) (type II Anderson mixing, full step, per matrix of the batch)."""
     if hist is None:
         return S + g
     s, r = S.flatten(-2).unsqueeze(-2), g.flatten(-2).unsqueeze(-2)  # (..., 1, n*n)
@@ -107,14 +109,14 @@ def _anderson(S: torch.Tensor, g: torch.Tensor, hist: tuple[torch.Tensor, torch.
     return torch.where(torch.isfinite(gamma).all(-2, keepdim=True), out, S + g)
 
 
-def _remember(hist: tuple[torch.Tensor, torch.Tensor] | None, S: torch.Tensor, g: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``hist`` with the pair (S, g) appended, the oldest dropped beyond ``HISTORY``."""
+def _remember(hist: tuple[torch.Tensor, torch.Tensor] | None, S: torch.Tensor, g: torch.Tensor,
+              keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hist`` with the pair (S, g) appended, the oldest dropped beyond ``keep``."""
     s, r = S.flatten(-2).unsqueeze(-2), g.flatten(-2).unsqueeze(-2)
     if hist is None:
         return s, r
-    return (torch.cat([hist[0][..., 1 - HISTORY:, :], s], -2),
-            torch.cat([hist[1][..., 1 - HISTORY:, :], r], -2))
+    return (torch.cat([hist[0][..., 1 - keep:, :], s], -2),
+            torch.cat([hist[1][..., 1 - keep:, :], r], -2))
 
 
 def _pick(take: torch.Tensor, new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]
@@ -124,17 +126,39 @@ def _pick(take: torch.Tensor, new: dict[str, torch.Tensor], old: dict[str, torch
             for k, v in old.items()}
 
 
+def _stiefel_pass(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Tensor],
+                  mu2: torch.Tensor, regular: float | None, cache: dict) -> dict[str, torch.Tensor]:
+    """``_state`` and its step in L: S = sym(Y) moves by 2 dL (M = I to ``M_EYE_TOL``), so
+    the map's step in L is half of F - S."""
+    st = _state(pb, L, frame, mu2, regular)
+    st["g"] = 0.5 * (st["F"] - st["S"])
+    return st
+
+
 def stiefel_fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch.Tensor,
                         mu: float) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Fixed-point passes from multiplier L (..., n, n) for a batch of tall Stiefel problems
-    (``pb.M`` = I), ``steps`` passes at most, until every residual is below ``tol``. A matrix
-    starts unsmoothed where X's smallest singular value at L is at least ``JUMP`` mu (real
+    (``pb.M`` = I): ``fixed_point`` with the map F above and ``HISTORY`` pairs mixed."""
+    return fixed_point(pb, L, steps, tol, mu, _stiefel_pass, HISTORY)
+
+
+PassFn = Callable[[GramProblem, torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor,
+                   "float | None", dict], dict[str, torch.Tensor]]
+
+
+def fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch.Tensor, mu: float,
+                one_pass: PassFn, keep: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Passes of ``one_pass`` (its state at L: ``res``, the step ``g`` in L, Q's ``V`` and
+    ``q``, ``mu2``) from multiplier L (..., n, n), mixed by Anderson over ``keep`` pairs,
+    ``steps`` passes at most, until every residual is below ``tol``. A matrix starts
+    unsmoothed where X's smallest singular value at L is at least ``JUMP`` mu (real
     gradients' optima have one near 0 where it is not, and there the unsmoothed passes stall,
     measured on captured gpt-debug batches), else at smoothing ``mu``; an unsmoothed matrix
     whose residual did not halve over ``STALL_PASSES`` passes (checked every STALL_PASSES,
     from the second check) goes on at ``mu`` from its best pass. Returns per matrix the best
     pass's ``L``, ``Q``, ``res`` and ``mu2`` (the smoothing it was taken at), and the passes
-    each matrix used (one eigh each)."""
+    each matrix used (one eigh of X^T X each). ``one_pass`` may keep what it reuses across
+    passes in its ``cache`` dict, which is emptied when a matrix changes regime."""
     batch = L.shape[:-2]
     tol = torch.as_tensor(tol, dtype=pb.dtype, device=L.device).expand(batch)
     frame = _frame(pb)
@@ -145,12 +169,13 @@ def stiefel_fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch
     best = {"L": L, "V": torch.zeros_like(L), "q": torch.zeros_like(L[..., 0]),
             "res": torch.full_like(zero, torch.inf), "mu2": zero}
     mu2 = smooth
-    hist = None  # Anderson's (S, F(S) - S) pairs
+    hist = None  # Anderson's (L, step) pairs
+    cache: dict = {}
     since = torch.zeros_like(passes)  # passes in the current regime
     mark = torch.full_like(zero, torch.inf)  # the residual at the last check
     for k in range(steps):
         # the first pass decides each matrix's regime
-        st = _state(pb, L, frame, mu2, JUMP * mu if k == 0 else None)
+        st = one_pass(pb, L, frame, mu2, JUMP * mu if k == 0 else None, cache)
         mu2 = st["mu2"]
         passes = passes + active.long()
         best = _pick(active & (st["res"] < best["res"]), st, best)
@@ -168,12 +193,10 @@ def stiefel_fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch
             L = torch.where(stalled[..., None, None], best["L"], L)
             since = torch.where(stalled, 0, since)
             hist = None  # the smoothed problem is another one: no mixing across the switch
+            cache.clear()
             continue
-        # S = sym(Y) moves by 2 dL (M = I to M_EYE_TOL): the step in L is half S's
-        S = st["S"]
-        g = st["F"] - S
-        S_next = _anderson(S, g, hist)
-        hist = _remember(hist, S, g)
-        L = torch.where(active[..., None, None], L + 0.5 * (S_next - S), L)
+        L_next = _anderson(L, st["g"], hist)
+        hist = _remember(hist, L, st["g"], keep)
+        L = torch.where(active[..., None, None], L_next, L)
     return {"L": best["L"], "Q": _q_of(best["V"], best["q"]), "res": best["res"],
             "mu2": best["mu2"]}, passes
