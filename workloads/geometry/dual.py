@@ -11,7 +11,10 @@ H = P(W^T A + A^T W) with A = msign(G + 2 W Lambda).
 
 ``DUAL_MODES``, named by what they promise:
 
-- ``fast`` (default): Newton on the dual in Gram space (``dual_newton``), fp32 tall products
+- ``fast`` (default): for tall W on its manifold a fixed point of the optimality condition
+  (Stiefel: ``dual_fixed_point``; DGram: ``dual_fixed_point_dgram``, at most
+  ``DGRAM_FIXED_POINT_PASSES`` passes, then Newton), else Newton on the dual in Gram space
+  (``dual_newton``); fp32 tall products
   (Grams, A, residual) and the n x n work in fp64 on CPU, fp32 on CUDA (``mode_dtypes``),
   batched over a shape bucket, stopping at ``tol`` (default 1e-4); its smoothing ladder stops
   at ``ladder_floor`` and it warm-starts from the previous step's multiplier and rung.
