@@ -55,10 +55,11 @@ def _frame(pb: GramProblem) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _state(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Tensor],
            mu2: torch.Tensor, regular: float | None = None) -> dict[str, torch.Tensor]:
-    """At multiplier L and smoothing mu2 (batch): the residual, the map's next S (``F``),
-    ``S`` = sym(Y) itself, Q's eigenvectors ``V`` and values ``q`` (Q is formed once, for the
-    answer: ``_q_of``) and ``mu2``. With ``regular``, mu2 is first set to 0 where X's smallest
-    singular value is at least ``regular`` (and kept where it is not).
+    """At multiplier L and smoothing mu2 (batch): the residual, Y = W^T X and ``Yv`` (for the
+    map's next S, ``_map``, made only when a matrix goes on), Q's eigenvectors ``V`` and
+    values ``q`` (Q is formed once, for the answer: ``_q_of``) and ``mu2``. With ``regular``,
+    mu2 is first set to 0 where X's smallest singular value is at least ``regular`` (and kept
+    where it is not).
 
     Six n x n products and one eigh (the eigh is ~15 products' time at n = 64 on CPU, so the
     products are trimmed, not the eigh): Y and N (``_frame``), then in V's basis
@@ -76,10 +77,15 @@ def _state(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Te
     Yv = V.mT @ Y @ V
     WAv = Yv * q.unsqueeze(-2)  # V^T (W^T A) V
     res = torch.linalg.matrix_norm(WAv + WAv.mT) / pb.n
+    return {"L": L, "V": V, "q": q, "res": res, "Yv": Yv, "Y": Y, "mu2": mu2}
+
+
+def _map(st: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The map's next S, F = V (skew(Yv) o Phi) V^T, at a ``_state``: symmetric but for
+    round-off, which the Anderson step's own _sym removes."""
+    V, q, Yv = st["V"], st["q"], st["Yv"]
     qi, qj = q.unsqueeze(-1), q.unsqueeze(-2)
-    # symmetric but for round-off, which the Anderson step's own _sym removes
-    F = V @ ((0.5 * (Yv - Yv.mT)) * ((qi - qj) / (qi + qj))) @ V.mT
-    return {"L": L, "V": V, "q": q, "res": res, "F": F, "S": _sym(Y), "mu2": mu2}
+    return V @ ((0.5 * (Yv - Yv.mT)) * ((qi - qj) / (qi + qj))) @ V.mT
 
 
 def _q_of(V: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -131,7 +137,7 @@ def _stiefel_pass(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, t
     """``_state`` and its step in L: S = sym(Y) moves by 2 dL (M = I to ``M_EYE_TOL``), so
     the map's step in L is half of F - S."""
     st = _state(pb, L, frame, mu2, regular)
-    st["g"] = 0.5 * (st["F"] - st["S"])
+    st["step"] = lambda: 0.5 * (_map(st) - _sym(st["Y"]))
     return st
 
 
@@ -143,22 +149,24 @@ def stiefel_fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch
 
 
 PassFn = Callable[[GramProblem, torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor,
-                   "float | None", dict], dict[str, torch.Tensor]]
+                   "float | None", dict], dict]
 
 
 def fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch.Tensor, mu: float,
                 one_pass: PassFn, keep: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Passes of ``one_pass`` (its state at L: ``res``, the step ``g`` in L, Q's ``V`` and
-    ``q``, ``mu2``) from multiplier L (..., n, n), mixed by Anderson over ``keep`` pairs,
-    ``steps`` passes at most, until every residual is below ``tol``. A matrix starts
-    unsmoothed where X's smallest singular value at L is at least ``JUMP`` mu (real
-    gradients' optima have one near 0 where it is not, and there the unsmoothed passes stall,
-    measured on captured gpt-debug batches), else at smoothing ``mu``; an unsmoothed matrix
-    whose residual did not halve over ``STALL_PASSES`` passes (checked every STALL_PASSES,
-    from the second check) goes on at ``mu`` from its best pass. Returns per matrix the best
-    pass's ``L``, ``Q``, ``res`` and ``mu2`` (the smoothing it was taken at), and the passes
-    each matrix used (one eigh of X^T X each). ``one_pass`` may keep what it reuses across
-    passes in its ``cache`` dict, which is emptied when a matrix changes regime."""
+    """Passes of ``one_pass`` from multiplier L (..., n, n), mixed by Anderson over ``keep``
+    pairs, ``steps`` passes at most, until every residual is below ``tol``. ``one_pass`` gives
+    the state at L: ``res``, ``step`` (a callable: the step in L, asked only when a matrix
+    goes on), Q's ``V`` and ``q``, ``mu2``; it may keep what it reuses across passes in its
+    ``cache`` dict, which is emptied when a matrix changes regime.
+
+    A matrix starts unsmoothed where X's smallest singular value at L is at least ``JUMP`` mu
+    (real gradients' optima have one near 0 where it is not, and there the unsmoothed passes
+    stall, measured on captured gpt-debug batches), else at smoothing ``mu``; an unsmoothed
+    matrix whose residual did not halve over ``STALL_PASSES`` passes (checked every
+    STALL_PASSES, from the second check) goes on at ``mu`` from its best pass. Returns per
+    matrix the best pass's ``L``, ``Q``, ``res`` and ``mu2`` (the smoothing it was taken at),
+    and the passes each matrix used (one eigh of X^T X each)."""
     batch = L.shape[:-2]
     tol = torch.as_tensor(tol, dtype=pb.dtype, device=L.device).expand(batch)
     frame = _frame(pb)
@@ -195,8 +203,9 @@ def fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch.Tensor,
             hist = None  # the smoothed problem is another one: no mixing across the switch
             cache.clear()
             continue
-        L_next = _anderson(L, st["g"], hist)
-        hist = _remember(hist, L, st["g"], keep)
+        g = st["step"]()
+        L_next = _anderson(L, g, hist)
+        hist = _remember(hist, L, g, keep)
         L = torch.where(active[..., None, None], L_next, L)
     return {"L": best["L"], "Q": _q_of(best["V"], best["q"]), "res": best["res"],
             "mu2": best["mu2"]}, passes

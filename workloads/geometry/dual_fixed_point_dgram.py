@@ -39,7 +39,7 @@ REFRESH = 5  # passes between eighs of the preconditioner Q^ (1, 2, 3, 5 measure
 def _dgram_pass(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Tensor],
                 mu2: torch.Tensor, regular: float | None, cache: dict) -> dict[str, torch.Tensor]:
     """The state at multiplier L (see ``dual_fixed_point._state``; here the residual needs Q
-    itself, Off being no basis-free map) and the preconditioned step ``g``."""
+    itself, Off being no basis-free map) and ``step``, which makes the preconditioned step."""
     Z0, C2 = frame
     Z = Z0 + 2.0 * L
     Y = pb.M @ Z  # W^T X
@@ -52,17 +52,23 @@ def _dgram_pass(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, tor
     YQ = Y @ Q
     H = off(YQ + YQ.mT)
     res = torch.linalg.matrix_norm(H) / pb.n
-    ts = pb.M.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(e.dtype).tiny).rsqrt()
-    si, sj = ts.unsqueeze(-1), ts.unsqueeze(-2)
-    count = cache.get("count", 0)
-    if count % REFRESH == 0:
-        p, U = torch.linalg.eigh(si * Q * sj)
-        cache["U"], cache["den"] = U, p.unsqueeze(-1) + p.unsqueeze(-2)
-    cache["count"] = count + 1
-    U, den = cache["U"], cache["den"]
-    Hu = U.mT @ (si * H * sj) @ U
-    D = off(U @ (Hu / den.clamp_min(torch.finfo(e.dtype).tiny)) @ U.mT)
-    return {"L": L, "V": V, "q": q, "res": res, "g": -0.5 * si * D * sj, "mu2": mu2}
+
+    def step() -> torch.Tensor:
+        # the preconditioned step; asked only when a matrix goes on (a warm start already
+        # below tol costs no preconditioner eigh)
+        ts = pb.M.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(e.dtype).tiny).rsqrt()
+        si, sj = ts.unsqueeze(-1), ts.unsqueeze(-2)
+        count = cache.get("count", 0)
+        if count % REFRESH == 0:
+            p, U = torch.linalg.eigh(si * Q * sj)
+            cache["U"], cache["den"] = U, p.unsqueeze(-1) + p.unsqueeze(-2)
+        cache["count"] = count + 1
+        U, den = cache["U"], cache["den"]
+        Hu = U.mT @ (si * H * sj) @ U
+        D = off(U @ (Hu / den.clamp_min(torch.finfo(e.dtype).tiny)) @ U.mT)
+        return -0.5 * si * D * sj
+
+    return {"L": L, "V": V, "q": q, "res": res, "step": step, "mu2": mu2}
 
 
 def dgram_fixed_point(pb: GramProblem, L: torch.Tensor, steps: int, tol: torch.Tensor,
