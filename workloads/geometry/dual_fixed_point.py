@@ -20,6 +20,9 @@ regular problem the fixed point is the exact, unsmoothed optimum; a matrix whose
 near-zero singular value at the optimum (near rank-deficient gradients) stalls there, and is
 then solved again from its best pass at ``mu`` (the ``fast`` mode's floor), where it converges.
 
+The loop (``fixed_point``: regimes, Anderson mixing, the best pass) and ``eig_at`` are shared
+with tall DGram's preconditioned fixed point (dual_fixed_point_dgram.py).
+
 The caller checks W^T W = I (``GramProblem.m_is_eye``); every residual here is the Gram-space
 one of the given W and multiplier (||Y Q + Q Y^T||_F / n with Y = G1 + 2 M L, M = W^T W), and
 the caller measures the returned direction's true residual against the raw W.
@@ -33,7 +36,7 @@ import torch
 
 from workloads.geometry.dual_newton import JUMP, GramProblem
 
-__all__ = ["stiefel_fixed_point", "fixed_point", "HISTORY", "STALL_PASSES"]
+__all__ = ["stiefel_fixed_point", "fixed_point", "eig_at", "HISTORY", "STALL_PASSES"]
 
 HISTORY = 4  # Anderson mixing: the last HISTORY differences (measured: 3-6 alike, 0 is slow)
 STALL_PASSES = 4  # an unsmoothed matrix must halve its residual every this many passes
@@ -53,18 +56,12 @@ def _frame(pb: GramProblem) -> tuple[torch.Tensor, torch.Tensor]:
     return Z0, _sym(pb.C - pb.G1.mT @ Z0)
 
 
-def _state(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Tensor],
-           mu2: torch.Tensor, regular: float | None = None) -> dict[str, torch.Tensor]:
-    """At multiplier L and smoothing mu2 (batch): the residual, Y = W^T X and ``Yv`` (for the
-    map's next S, ``_map``, made only when a matrix goes on), Q's eigenvectors ``V`` and
-    values ``q`` (Q is formed once, for the answer: ``_q_of``) and ``mu2``. With ``regular``,
-    mu2 is first set to 0 where X's smallest singular value is at least ``regular`` (and kept
-    where it is not).
-
-    Six n x n products and one eigh (the eigh is ~15 products' time at n = 64 on CPU, so the
-    products are trimmed, not the eigh): Y and N (``_frame``), then in V's basis
-    Yv = V^T Y V, where W^T A = Y Q is Yv diag(q) (the residual's norm is basis-free) and
-    V^T K V = skew(Yv) with K = skew(Y), and F = V (skew(Yv) o Phi) V^T."""
+def eig_at(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Tensor],
+           mu2: torch.Tensor, regular: float | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Y, V, q, mu2)`` at multiplier L: Y = W^T X, X^T X = V diag(e) V^T (one eigh, two
+    products through ``_frame``), q = (e + mu2)^{-1/2}; with ``regular``, mu2 is first set to
+    0 where X's smallest singular value is at least ``regular`` (and kept where it is not)."""
     Z0, C2 = frame
     Z = Z0 + 2.0 * L
     Y = pb.M @ Z  # W^T X
@@ -74,6 +71,20 @@ def _state(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Te
     if regular is not None:
         mu2 = torch.where(e[..., 0] >= regular * regular, 0.0, mu2)
     q = (e + mu2[..., None]).clamp_min(torch.finfo(e.dtype).tiny).rsqrt()
+    return Y, V, q, mu2
+
+
+def _state(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, torch.Tensor],
+           mu2: torch.Tensor, regular: float | None = None) -> dict[str, torch.Tensor]:
+    """At multiplier L and smoothing mu2 (batch): the residual, Y = W^T X and ``Yv`` (for the
+    map's next S, ``_map``, made only when a matrix goes on), Q's eigenvectors ``V`` and
+    values ``q`` (Q is formed once, for the answer: ``_q_of``) and ``mu2`` (``eig_at``).
+
+    Six n x n products and one eigh (the eigh is ~15 products' time at n = 64 on CPU, so the
+    products are trimmed, not the eigh): Y and N (``_frame``), then in V's basis
+    Yv = V^T Y V, where W^T A = Y Q is Yv diag(q) (the residual's norm is basis-free) and
+    V^T K V = skew(Yv) with K = skew(Y), and F = V (skew(Yv) o Phi) V^T."""
+    Y, V, q, mu2 = eig_at(pb, L, frame, mu2, regular)
     Yv = V.mT @ Y @ V
     WAv = Yv * q.unsqueeze(-2)  # V^T (W^T A) V
     res = torch.linalg.matrix_norm(WAv + WAv.mT) / pb.n

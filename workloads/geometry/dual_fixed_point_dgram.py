@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from workloads.geometry.dual_fixed_point import fixed_point
+from workloads.geometry.dual_fixed_point import eig_at, fixed_point
 from workloads.geometry.dual_newton import GramProblem, off
 
 __all__ = ["dgram_fixed_point", "HISTORY", "REFRESH"]
@@ -40,14 +40,7 @@ def _dgram_pass(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, tor
                 mu2: torch.Tensor, regular: float | None, cache: dict) -> dict[str, torch.Tensor]:
     """The state at multiplier L (see ``dual_fixed_point._state``; here the residual needs Q
     itself, Off being no basis-free map) and ``step``, which makes the preconditioned step."""
-    Z0, C2 = frame
-    Z = Z0 + 2.0 * L
-    Y = pb.M @ Z  # W^T X
-    e, V = torch.linalg.eigh(Z.mT @ Y + C2)  # X^T X (eigh reads the lower triangle)
-    e = e.clamp_min(0.0)
-    if regular is not None:
-        mu2 = torch.where(e[..., 0] >= regular * regular, 0.0, mu2)
-    q = (e + mu2[..., None]).clamp_min(torch.finfo(e.dtype).tiny).rsqrt()
+    Y, V, q, mu2 = eig_at(pb, L, frame, mu2, regular)
     Q = (V * q.unsqueeze(-2)) @ V.mT
     YQ = Y @ Q
     H = off(YQ + YQ.mT)
@@ -56,8 +49,10 @@ def _dgram_pass(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, tor
     def step() -> torch.Tensor:
         # the preconditioned step; asked only when a matrix goes on (a warm start already
         # below tol costs no preconditioner eigh)
-        ts = pb.M.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(e.dtype).tiny).rsqrt()
-        si, sj = ts.unsqueeze(-1), ts.unsqueeze(-2)
+        tiny = torch.finfo(q.dtype).tiny
+        if "ts" not in cache:  # T^{-1/2}: M is the call's own, fixed across passes
+            cache["ts"] = pb.M.diagonal(dim1=-2, dim2=-1).clamp_min(tiny).rsqrt()
+        si, sj = cache["ts"].unsqueeze(-1), cache["ts"].unsqueeze(-2)
         count = cache.get("count", 0)
         if count % REFRESH == 0:
             p, U = torch.linalg.eigh(si * Q * sj)
@@ -65,7 +60,7 @@ def _dgram_pass(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, tor
         cache["count"] = count + 1
         U, den = cache["U"], cache["den"]
         Hu = U.mT @ (si * H * sj) @ U
-        D = off(U @ (Hu / den.clamp_min(torch.finfo(e.dtype).tiny)) @ U.mT)
+        D = off(U @ (Hu / den.clamp_min(tiny)) @ U.mT)
         return -0.5 * si * D * sj
 
     return {"L": L, "V": V, "q": q, "res": res, "step": step, "mu2": mu2}
