@@ -27,6 +27,9 @@ H = P(W^T A + A^T W) with A = msign(G + 2 W Lambda).
 Whatever the mode, ``residual`` is ||P(W^T A + A^T W)||_F / n of the A returned, measured from
 that A against the given W (``true_residual``): one tall product, so what is logged is the
 constraint violation of the direction the optimizer applies, not a solver's internal figure.
+In ``fast`` and ``exact`` a matrix whose solve ends at or above tol (square DGram, a solve out
+of passes) gets the nearest tangent direction in the unit ball instead (``dual_feasible``,
+docs/science.md §3.2.5), so the direction applied always meets tol.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from workloads.choices import DUAL_MODE_DEFAULTS, dual_settings
+from workloads.geometry.dual_feasible import restore_feasibility
 from workloads.geometry.dual_fixed_point import stiefel_fixed_point
 from workloads.geometry.dual_fixed_point_dgram import dgram_fixed_point
 from workloads.geometry.dual_newton import (
@@ -307,4 +311,27 @@ def solve_direction(G: torch.Tensor, W: torch.Tensor, P: Projector = identity,
                                          opts.check_every, L0)
         return DualResult(A, res, passes, L, torch.zeros_like(res))
     A, passes, L, mu = _newton(G, W, P, opts, L0, mu0)
-    return DualResult(A, true_residual(W, A, P), passes, L, mu)
+    A, res = _restored(W, A, P, true_residual(W, A, P), opts)
+    return DualResult(A, res, passes, L, mu)
+
+
+def _restored(W: torch.Tensor, A: torch.Tensor, P: Projector, res: torch.Tensor,
+              opts: DualOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A, residual)`` with every matrix the solver left at or above tol replaced by the
+    nearest tangent direction in the unit ball (``dual_feasible``: square DGram, whose optimum
+    no pass reaches, and any solve that ran out of passes), where that lowers its true
+    residual; one host sync. The fast and exact modes only: ``paper`` reports what Paper B's
+    loop reaches."""
+    open_ = res >= opts.stop_tol
+    if not bool(open_.any()):
+        return A, res
+    batch, (m, n) = res.shape, A.shape[-2:]
+    idx = open_.reshape(-1).nonzero().squeeze(-1)
+    Wo, Ao = W.reshape(-1, m, n)[idx], A.reshape(-1, m, n)[idx]
+    An, _ = restore_feasibility(Wo, Ao, P, mode_dtypes(opts.mode, W.device)[1])
+    rn = true_residual(Wo, An, P)
+    take = rn < res.reshape(-1)[idx]
+    A, res = A.reshape(-1, m, n).clone(), res.reshape(-1).clone()
+    A[idx] = torch.where(take[:, None, None], An, Ao)
+    res[idx] = torch.where(take, rn, res[idx])
+    return A.reshape(batch + (m, n)), res.reshape(batch)
