@@ -115,8 +115,8 @@ def measure(steps: int, trials: int, background: bool) -> dict:
 def store_growth(steps: int = 705, blocks: int = 4, per_block: int = 16) -> list[float]:
     """CPU-ms per trial of MLflow's points alone (``SqliteMetrics.write``: a trial's curve in
     three results, as the sink writes it) for each block of ``per_block`` trials as one sweep's
-    store grows: what a point costs depends on how much the store already holds (the three
-    indexes MLflow keeps on ``metrics``)."""
+    store grows (the three indexes MLflow keeps on ``metrics``; with wall-clock timestamps a
+    point's cost stays flat, measured 2026-12-08)."""
     from mlflow import MlflowClient
 
     from orchestrator.store.mlflow_metrics import SqliteMetrics
@@ -135,9 +135,15 @@ def store_growth(steps: int = 705, blocks: int = 4, per_block: int = 16) -> list
         for b in range(blocks):
             runs = [sink.create_run(exp, f"t{b}-{i}", {})[0] for i in range(per_block)]
             c0 = time.process_time()
-            for run in runs:
+            for i, run in enumerate(runs):
+                # timestamps as a sweep's (ms; 2 concurrent 5 s trials: each starts 2.5 s
+                # after the one before and overlaps only it). MLflow's primary key starts
+                # (key, timestamp): with every trial's timestamps the same (as this had them
+                # until 2026-12-08), each new curve went in the middle of all the old ones and
+                # a point's cost grew with the store; as a sweep writes them it does not
+                t0 = 1_800_000_000_000 + 2500 * (b * per_block + i)
                 for h in range(3):
-                    sink.write(run, [(k, 4.0 - 1e-3 * s, 1000 + s, s) for s in
+                    sink.write(run, [(k, 4.0 - 1e-3 * s, t0 + 7 * s, s) for s in
                                      range(h * third, (h + 1) * third) for k in keys])
             out.append(1e3 * (time.process_time() - c0) / per_block)
         sink.close()

@@ -4,7 +4,10 @@ Arms (each a fresh process tree; wall time = what a user waits, process start to
 - ideal:   the trials run back to back in 2 plain Python processes (no orchestration at all);
 - optuna:  plain Optuna, TPE, RDB (sqlite) storage shared by 2 processes;
 - raytune: raw Ray Tune + OptunaSearch, a local Ray, 2 concurrent trials of 1 CPU;
-- geosweep: ``geosweep run`` of the equivalent spec (optuna-tpe, 2 concurrent), cold Ray.
+- geosweep: ``geosweep run`` of the equivalent spec (optuna-tpe, 2 concurrent), cold Ray;
+- geosweep_lean: the same with ``budget.curve_every: 0``: the per-step train curve stored at
+  reports only, the data raw Tune's trainable keeps (its 2 reports), where geosweep stores
+  3 points a step by default: what geosweep's orchestration costs beside what its curve does.
 Every arm trains the same gpt-debug trainable (1 thread per trial, lr sampled log-uniformly),
 with the step count calibrated so that one training takes ~5 s or ~1 s here. Sizes: 8 x 5 s and
 32 x 1 s (``--quick``: 4 x 5 s and 8 x 1 s, one round), and ``reports``: raw Tune and geosweep
@@ -33,7 +36,8 @@ Last line: JSON with every arm's ratio to the ideal (``<arm>_vs_ideal_<size>``),
 ``geosweep_vs_raytune_5s``/``_1s``, ``report_block_ms_median``, ``checkpoint_report_ms_median``,
 ``driver_cpu_s_per_trial``, ``time_to_first_trial_s`` (cold), ``time_to_first_trial_warm_s``,
 ``teardown_s`` (warm Ray), ``teardown_cold_s``, raw Tune's figure of each beside it
-(``raytune_*``) and ``load_avg``.
+(``raytune_*``), the lean arm's ``geosweep_lean_vs_raytune_5s``/``_1s`` and
+``geosweep_lean_driver_cpu_s_per_trial``, and ``load_avg``.
 """
 
 from __future__ import annotations
@@ -168,15 +172,17 @@ def arm_raytune(n: int, steps: int, tmp: str, reports: int = 2,
     tuner.fit()
 
 
-def geosweep_spec(n: int, steps: int, name: str, reports: int = 2) -> dict:
+def geosweep_spec(n: int, steps: int, name: str, reports: int = 2, lean: bool = False) -> dict:
+    budget = {"steps": steps, "eval_every": _eval_every(steps, reports), "metrics_every": 0}
+    if lean:
+        budget["curve_every"] = 0
     return {
         "name": name,
         "workload": {"preset": PRESET},
         "space": {"optim.lr": {"loguniform": list(LR)}},
         "seeds": [0],
         "search": {"algorithm": "optuna-tpe", "num_samples": n, "max_concurrent": 2},
-        "budget": {"steps": steps, "eval_every": _eval_every(steps, reports),
-                   "metrics_every": 0},
+        "budget": budget,
         "resources": {"workers_per_trial": 1, "cpus_per_worker": 1.0},
     }
 
@@ -290,12 +296,13 @@ def run_arm(arm: str, n: int, steps: int, tmp: str, timeout: float,
             env = {**join_env(warm), LOOPBACK_VAR: "0"}
         procs = [_spawn([me, "--arm", "raytune", *common, "--tmp", rtmp, *extra], env)]
         cpu = _CpuTrace(procs[0].pid)
-    elif arm == "geosweep":
+    elif arm in ("geosweep", "geosweep_lean"):
         import yaml
 
         name = f"peers{time.time_ns()}"
         spec = Path(tmp) / f"{name}.yaml"
-        spec.write_text(yaml.safe_dump(geosweep_spec(n, steps, name, reports)))
+        spec.write_text(yaml.safe_dump(geosweep_spec(n, steps, name, reports,
+                                                     lean=arm == "geosweep_lean")))
         args = ["-m", "orchestrator.cli", "run", str(spec), "--out", os.path.join(tmp, "gs")]
         procs = [_spawn(args)]
         cpu = _CpuTrace(procs[0].pid)
@@ -313,7 +320,7 @@ def run_arm(arm: str, n: int, steps: int, tmp: str, timeout: float,
         _trial_figures(row, t0, t_exit, [tuple(v) for v in times.values()], cpu)
         row["report_block_ms"] = [b for f in Path(rtmp, "blocks").glob("*.json")
                                   for b in json.loads(f.read_text())]
-    if arm == "geosweep":
+    if arm in ("geosweep", "geosweep_lean"):
         from orchestrator.store.parquet import read_trial_records
 
         recs = read_trial_records(os.path.join(tmp, "gs", name, "parquet"), name)
@@ -349,7 +356,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="4 x 5 s and 8 x 1 s, one round")
     ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--arms", default="ideal,optuna,raytune,geosweep")
+    ap.add_argument("--arms", default="ideal,optuna,raytune,geosweep,geosweep_lean")
     ap.add_argument("--sizes", default="5s,1s,reports",
                     help="which sizes to run (of 5s, 1s, reports)")
     ap.add_argument("--no-warm-ray", action="store_true",
@@ -468,6 +475,7 @@ def _summary(rows: list[dict], arms: list[str], sizes: list[str], rounds: int, s
         ("driver CPU per trial, CPU-s", cpu("raytune"), cpu("geosweep"), "<= 0.07"),
         ("  of it Tune's event loop, CPU-s", cpu("raytune", "driver_loop_cpu_s_per_trial"),
          cpu("geosweep", "driver_loop_cpu_s_per_trial"), ""),
+        ("  curve at reports only (lean), CPU-s", None, cpu("geosweep_lean"), ""),
         ("time to first trial, cold, s", med("time_to_first_trial_s", "raytune"),
          med("time_to_first_trial_s", "geosweep"), "<= 7"),
         ("time to first trial, warm, s", med("time_to_first_trial_s", "raytune", True),
@@ -484,15 +492,17 @@ def _summary(rows: list[dict], arms: list[str], sizes: list[str], rounds: int, s
 
     out = {}
     for size in ("5s", "1s"):
-        for a in ("raytune", "optuna", "geosweep"):
+        for a in ("raytune", "optuna", "geosweep", "geosweep_lean"):
             out[f"{a}_vs_ideal_{size}"] = mr(a, size, "ideal")
         out[f"geosweep_vs_raytune_{size}"] = mr("geosweep", size, "raytune")
+        out[f"geosweep_lean_vs_raytune_{size}"] = mr("geosweep_lean", size, "raytune")
     out.update({
         "report_block_ms_median": pooled("report_block_ms", "geosweep", "reports"),
         "raytune_report_block_ms_median": pooled("report_block_ms", "raytune", "reports"),
         "checkpoint_report_ms_median": pooled("checkpoint_report_ms", "geosweep"),
         "driver_cpu_s_per_trial": cpu("geosweep"),
         "raytune_driver_cpu_s_per_trial": cpu("raytune"),
+        "geosweep_lean_driver_cpu_s_per_trial": cpu("geosweep_lean"),
         "driver_loop_cpu_s_per_trial": cpu("geosweep", "driver_loop_cpu_s_per_trial"),
         "raytune_driver_loop_cpu_s_per_trial": cpu("raytune", "driver_loop_cpu_s_per_trial"),
         "driver_cpu_s_per_trial_5s": med("driver_cpu_s_per_trial", "geosweep", sizes_=("5s",)),

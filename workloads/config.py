@@ -181,6 +181,9 @@ class TrainConfig:
     eval_every: int = 50  # also the report interval
     eval_iters: int = 10
     metrics_every: int = 50  # continuity/instability metrics; 0 disables
+    # the per-step train curve (loss, grad_norm, lr) every k steps and at every report; 0: at
+    # reports only (the divergence monitor sees every step whatever it is)
+    curve_every: int = 1
     checkpoint_every: int = 0  # 0: only at the end when a checkpoint dir is given
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N

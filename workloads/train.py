@@ -287,9 +287,6 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
         wall = wall_offset + time.perf_counter() - t0
         train_losses.append(loss_val)
         window_losses.append(loss_val)
-        curve += [CurvePoint(step + 1, "train", "loss", loss_val, wall),
-                  CurvePoint(step + 1, "train", "grad_norm", grad_norm, wall),
-                  CurvePoint(step + 1, "train", "lr", lr, wall)]
         if monitor is not None and signals is not None:
             divergence = monitor.check(StepInfo(
                 step + 1, loss_val, grad_norm, lr, signals.extras(wanted) if wanted else {},
@@ -297,6 +294,10 @@ def run(cfg: WorkloadConfig, report: Callable[[Report], None] | None = None,
 
         done = step + 1 == total_steps or divergence is not None
         report_now = done or (t.eval_every and (step + 1) % t.eval_every == 0)
+        if report_now or (t.curve_every and (step + 1) % t.curve_every == 0):
+            curve += [CurvePoint(step + 1, "train", "loss", loss_val, wall),
+                      CurvePoint(step + 1, "train", "grad_norm", grad_norm, wall),
+                      CurvePoint(step + 1, "train", "lr", lr, wall)]
         if (collector is not None and divergence is None and not report_now
                 and t.metrics_every and (step + 1) % t.metrics_every == 0):
             # metrics_every < eval_every: collect now, send the rows with the next report

@@ -27,6 +27,7 @@ __all__ = ["validate", "choices"]
 _POSITIVE = ("optim.lr", "train.steps", "train.batch_size", "train.eval_iters",
              "train.grad_accum", "optim.muon.lr")
 _NON_NEGATIVE = ("train.eval_every", "train.metrics_every", "train.checkpoint_every",
+                 "train.curve_every",
                  "optim.warmup_steps", "train.epochs", "metrics.grad_probes")
 _DEFAULT_ASSIGNMENT = "unconstrained"
 _REALS = ("optim.lr", "optim.muon.lr")

@@ -22,10 +22,14 @@ __all__ = ["first_candidate", "first_candidates", "fast_spike_count", "spike_cou
            "recorded_spikes"]
 
 
-def recorded_spikes(train_losses: list[float]) -> tuple[int | None, str]:
-    """A finished trial's ``(spikes, spikes_rule)`` under the default rule (None: no curve);
-    missing losses count as non-finite, as in the report."""
-    if not train_losses:
+def recorded_spikes(train_losses: list[float], steps: list[int] | None = None
+                    ) -> tuple[int | None, str]:
+    """A finished trial's ``(spikes, spikes_rule)`` under the default rule (None: no curve, or
+    a sampled one: ``steps`` with a gap, a sweep with ``budget.curve_every`` > 1, where a spike
+    between two samples would go unseen and the rule's window would not be in steps); missing
+    losses count as non-finite, as in the report."""
+    sampled = steps is not None and any(b - a > 1 for a, b in zip(steps, steps[1:]))
+    if not train_losses or sampled:
         return None, spike_rule(SPIKE_FACTOR, SPIKE_MIN_DELTA)
     v = np.asarray(train_losses, dtype=float)
     v[np.isnan(v)] = np.inf

@@ -241,9 +241,14 @@ def _trial_spikes(c: pd.DataFrame, cfg: ReportConfig) -> pd.Series:
     values[np.isnan(values)] = np.inf  # a missing loss counts as non-finite
     order = sorted_order(codes, step)
     if order is not None:
-        codes, values = codes[order], values[order]
+        codes, values, step = codes[order], values[order], step[order]
     # = spike_count per trial, vectorised up to each curve's first possible spike
     counts = spike_counts(codes, values, cfg.spike_factor, cfg.spike_min_delta)
+    # a sampled curve (budget.curve_every > 1: a gap between two of its steps) gets no count:
+    # a spike between two samples is unseen and the rule's window is not in steps
+    gap = (codes[1:] == codes[:-1]) & (np.diff(step) > 1)
+    if gap.any():
+        counts = counts.drop([str(c) for c in np.unique(codes[1:][gap])], errors="ignore")
     counts.index = [str(names[int(i)]) for i in counts.index]
     return counts
 

@@ -53,11 +53,12 @@ class Scheduler(BaseModel):
 
 
 class Budget(BaseModel):
-    """Mapped onto train.steps / eval_every / metrics_every / checkpoint_every; unset: the
-    preset's, except checkpoint_every: unset (and 0 in the preset and overrides) it becomes the
-    multiple of eval_every nearest steps / 10, so that a killed worker resumes its trial from
-    a recent checkpoint (checkpoints are taken at reports only). 0 turns them off (the final
-    checkpoint stays)."""
+    """Mapped onto train.steps / eval_every / metrics_every / checkpoint_every / curve_every;
+    unset: the preset's, except checkpoint_every: unset (and 0 in the preset and overrides) it
+    becomes the multiple of eval_every nearest steps / 10, so that a killed worker resumes its
+    trial from a recent checkpoint (checkpoints are taken at reports only). 0 turns them off
+    (the final checkpoint stays). curve_every k > 1 stores every k-th step's train curve: a
+    k-th of the driver's per-step cost (docs/platform.md), no spike count (docs/contracts.md)."""
 
     model_config = strict()
 
@@ -65,6 +66,8 @@ class Budget(BaseModel):
     eval_every: int | None = Field(None, ge=1)
     metrics_every: int | None = Field(None, ge=0)
     checkpoint_every: int | None = Field(None, ge=0)
+    # the per-step train curve every k steps (and at every report); 0: at reports only
+    curve_every: int | None = Field(None, ge=0)
 
 
 class Resources(BaseModel):

@@ -50,7 +50,8 @@ _NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 _KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 _POSITIVE = (P_KEY, "optim.lr", "optim.muon.lr")  # > 0; inf allowed only for p
 _BUDGET = {"steps": "train.steps", "eval_every": "train.eval_every",
-           "metrics_every": "train.metrics_every", "checkpoint_every": "train.checkpoint_every"}
+           "metrics_every": "train.metrics_every", "checkpoint_every": "train.checkpoint_every",
+           "curve_every": "train.curve_every"}
 _CHECKPOINTS_PER_TRIAL = 10  # default: a worker failure loses at most ~10% of a trial
 
 

@@ -184,14 +184,21 @@ class ParquetSink:
                 self._delete(kind, trial_id, name)
 
     def train_losses(self, trial_id: str) -> list[float]:
-        """The trial's train loss curve on disk, in step order (missing values as NaN); kept
-        in memory for a trial whose every curve part this sink wrote (no read back)."""
+        """The trial's train loss curve on disk, in step order (missing values as NaN)."""
+        return self.train_loss_curve(trial_id)[1]
+
+    def train_loss_curve(self, trial_id: str) -> tuple[list[int], list[float]]:
+        """``(steps, losses)`` of the trial's train loss curve on disk, in step order (missing
+        values as NaN); kept in memory for a trial whose every curve part this sink wrote (no
+        read back)."""
         losses = self._losses.get(trial_id)
         if losses is not None:
-            return [losses[s] for s in sorted(losses)]
+            steps = sorted(losses)
+            return steps, [losses[s] for s in steps]
         t = self._curve_table(trial_id)
         t = t.filter(pc.and_(pc.equal(t["split"], "train"), pc.equal(t["metric"], "loss")))
-        return [float("nan") if v is None else float(v) for v in t["value"].to_pylist()]
+        return ([int(s) for s in t["step"].to_pylist()],
+                [float("nan") if v is None else float(v) for v in t["value"].to_pylist()])
 
     def curve_points(self, trial_id: str) -> list[dict]:
         """The trial's curve on disk, in step order, as the points ``write_curve`` takes

@@ -554,8 +554,8 @@ class SinkCallback(Callback):
             # report of 1,000 trials reads no curves for its spike column
             from orchestrator.analysis.fast_spikes import recorded_spikes
 
-            rec["spikes"], rec["spikes_rule"] = recorded_spikes(
-                self.parquet.train_losses(trial.trial_id))
+            steps, losses = self.parquet.train_loss_curve(trial.trial_id)
+            rec["spikes"], rec["spikes_rule"] = recorded_spikes(losses, steps)
         self._write(rec)
         if self.mlflow is not None:
             # a trial this driver never wrote to MLflow (resumed, it ended without a result:

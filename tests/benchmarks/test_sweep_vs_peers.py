@@ -48,11 +48,14 @@ def test_summary_prints_the_table_and_every_key(capsys):
                  driver_cpu_s_per_trial=0.06),
             _row("geosweep", "1s", 42.0, time_to_first_trial_s=7.0, teardown_s=2.5,
                  driver_cpu_s_per_trial=0.11),
+            _row("geosweep_lean", "5s", 23.0, driver_cpu_s_per_trial=0.055),
+            _row("geosweep_lean", "1s", 41.0, driver_cpu_s_per_trial=0.05),
             _row("raytune", "reports", 30.0, report_block_ms=[10.0, 12.0, 14.0]),
             _row("geosweep", "reports", 31.0, report_block_ms=[9.0, 11.0]),
             _row("raytune", "warm", 10.0, True, time_to_first_trial_s=3.0, teardown_s=2.0),
             _row("geosweep", "warm", 9.0, True, time_to_first_trial_s=2.5, teardown_s=0.5)]
-    b._summary(rows, ["ideal", "optuna", "raytune", "geosweep"], ["5s", "1s", "reports"], 1,
+    b._summary(rows, ["ideal", "optuna", "raytune", "geosweep", "geosweep_lean"],
+               ["5s", "1s", "reports"], 1,
                90.0, (1.0, 1.1, 1.2), (2.0, 2.1, 2.2), False)
     out = capsys.readouterr().out.strip().splitlines()
     got = json.loads(out[-1])
@@ -66,6 +69,8 @@ def test_summary_prints_the_table_and_every_key(capsys):
     assert got["time_to_first_trial_s"] == 6.0 and got["time_to_first_trial_warm_s"] == 2.5
     assert got["teardown_s"] == 0.5 and got["raytune_teardown_s"] == 2.0
     assert got["teardown_cold_s"] == 2.0 and got["load_avg"] == [1.0, 2.0]
+    assert got["geosweep_lean_driver_cpu_s_per_trial"] == 0.055  # the dearer size
+    assert got["geosweep_lean_vs_raytune_5s"] == round(23 / 25, 3)
     table = "\n".join(out)
     assert "8 x ~5 s" in table and "32 x ~1 s" in table and "<= 0.07" in table
 
@@ -90,3 +95,15 @@ def test_trial_figures_and_the_cpu_trace_of_a_process():
     assert row["time_to_first_trial_s"] >= 0 and row["teardown_s"] >= 0
     # one "trial" ended after the middle one: the ~0.6 CPU-s between them
     assert 0.4 <= row["driver_cpu_s_per_trial"] <= 0.8
+
+
+def test_the_lean_arm_is_the_same_spec_with_the_curve_at_reports_only():
+    """The lean arm differs from the geosweep arm only in ``budget.curve_every: 0``, and both
+    are valid sweep specs."""
+    from orchestrator.spec.yaml_reader import spec_from_dict
+
+    b = _bench()
+    full, lean = (b.geosweep_spec(8, 500, "peers", 2, lean=x) for x in (False, True))
+    assert {**full, "budget": {**full["budget"], "curve_every": 0}} == lean
+    assert spec_from_dict(full).base_config().train.curve_every == 1
+    assert spec_from_dict(lean).base_config().train.curve_every == 0

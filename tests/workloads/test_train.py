@@ -91,6 +91,32 @@ def test_reports_carry_every_step_once():
     assert {"step", "metric", "module", "layer", "next_layer", "value"} <= set(reports[0].rows[0])
 
 
+@pytest.mark.parametrize("every, want", [(3, [3, 4, 6, 8, 9, 10]), (0, [4, 8, 10])])
+def test_curve_every_samples_the_train_curve_and_keeps_every_report_step(every, want):
+    """``train.curve_every`` k: the per-step train curve (loss, grad_norm, lr) at every k-th
+    step and at each report (0: at reports only); the losses it keeps are the every-step run's
+    and the run's own loss list (the divergence monitor's input) still has every step."""
+    full, sampled = [], []
+    base = {"train.steps": 10, "train.eval_every": 4}
+    ref = run(_cfg("gpt-debug", **base), report=full.append)
+    res = run(_cfg("gpt-debug", **base, **{"train.curve_every": every}), report=sampled.append)
+    for metric in ("loss", "grad_norm", "lr"):
+        got = {p.step: p.value for r in sampled for p in r.curve
+               if p.split == "train" and p.metric == metric}
+        assert sorted(got) == want
+        every_step = {p.step: p.value for r in full for p in r.curve
+                      if p.split == "train" and p.metric == metric}
+        assert got == {s: every_step[s] for s in want}
+    assert res.train_losses == ref.train_losses and len(res.train_losses) == 10
+
+
+def test_curve_every_must_not_be_negative():
+    from workloads.validate import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="train.curve_every"):
+        validate(_cfg("gpt-debug", **{"train.curve_every": -1}))
+
+
 def test_metrics_between_reports_arrive_with_the_next_report():
     """metrics_every 2 < eval_every 6: rows of steps 2, 4 ride with the step-6 report, and the
     loss trajectory is the one without metrics (collecting uses no global RNG)."""

@@ -153,3 +153,20 @@ def test_stored_spike_counts_are_used_and_only_the_rest_is_read(tmp_path, monkey
     got = L.trial_spikes(d, L.ReportConfig())
     assert asked == [["b", "c"]]
     assert count_a == 1 and got.to_dict() == {"a": 7.0, "b": 1.0, "c": 2.0}
+
+
+def test_a_sampled_curve_is_not_counted_by_the_report(tmp_path):
+    """A curve with a gap between two of its steps (``budget.curve_every`` > 1) gets no
+    spike count from the report either; a dense one beside it does."""
+    from orchestrator.analysis import load as L
+    from orchestrator.store.parquet import ParquetSink
+
+    sink = ParquetSink(str(tmp_path), "s")
+    dense = [1.0] * 30 + [5.0] + [1.0] * 20
+    for tid, steps in (("dense", range(1, 52)), ("sampled", range(2, 104, 2))):
+        sink.write_curve(tid, [{"step": s, "split": "train", "metric": "loss", "value": v,
+                                "wall_time": 0.0} for s, v in zip(steps, dense)])
+        sink.write_trial({"trial": tid, "arm": "x", "status": "running"})
+    d = L.SweepData("s", tmp_path, str(tmp_path), {}, L._normalise_trials(
+        L._read(str(tmp_path), "trials", "s")), None, pd.DataFrame())
+    assert L.trial_spikes(d, L.ReportConfig()).to_dict() == {"dense": 1.0}

@@ -329,6 +329,14 @@ def test_base_and_trial_config_apply_preset_overrides_budget_then_trial():
         s.trial_config({"optim.lr": -1.0})
 
 
+def test_budget_curve_every_maps_onto_the_train_config():
+    s = spec_from_dict(edit(base(), ("budget", "curve_every"), 5))
+    assert s.base_config().train.curve_every == 5
+    assert spec_from_dict(base()).base_config().train.curve_every == 1  # the preset's
+    with pytest.raises(SpecError, match="curve_every"):
+        spec_from_dict(edit(base(), ("budget", "curve_every"), -1))
+
+
 def test_arm_label_is_short_stable_and_seed_free():
     s = spec_from_dict(base())
     flat = {"optim.lr": 0.001, "train.seed": 3, "model.residual.p": math.inf,

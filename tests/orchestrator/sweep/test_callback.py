@@ -452,6 +452,28 @@ def test_finished_trial_records_its_spike_count(tmp_path):
                                                                     SPIKE_MIN_DELTA)
 
 
+def test_a_sampled_curve_gets_no_spike_count(tmp_path):
+    """A sweep with ``budget.curve_every`` k > 1 stores every k-th step: its trials' records
+    say no count (None, with the rule), since a spike between two samples is unseen."""
+    from orchestrator.analysis.spike_rule import SPIKE_FACTOR, SPIKE_MIN_DELTA, spike_rule
+
+    pq = ParquetSink(str(tmp_path), "sw")
+    cb = SinkCallback(parquet=pq, background=True)
+    t = FakeTrial("a_1", {"optim.lr": 0.1, "train.seed": 0})
+    p = _payload(t, 1, 80, "completed")
+    p["_curve"] = [q for q in p["_curve"] if q["step"] % 4 == 0]
+    for q in p["_curve"]:
+        if q["split"] == "train":
+            q["value"] = 5.0 if q["step"] == 40 else 1.0
+    cb.on_trial_start(0, [], t)
+    cb.on_trial_result(0, [], t, p)
+    cb.on_trial_complete(0, [], t)
+    cb.flush()
+    rec = read_trials(str(tmp_path)).iloc[0]
+    assert pd.isna(rec["spikes"]) and rec["spikes_rule"] == spike_rule(SPIKE_FACTOR,
+                                                                        SPIKE_MIN_DELTA)
+
+
 def test_mlflow_sink_built_later_misses_nothing(sinks):
     """The driver's MLflow store is built while the first trials run (mlflow_later): the
     hooks never wait for it, and every event reaches both sinks once it is there."""
