@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from workloads.geometry.dual_fixed_point import eig_at, fixed_point
+from workloads.geometry.dual_fixed_point import _q_of, eig_at, fixed_point
 from workloads.geometry.dual_newton import GramProblem, off
 
 __all__ = ["dgram_fixed_point", "HISTORY", "REFRESH"]
@@ -41,7 +41,7 @@ def _dgram_pass(pb: GramProblem, L: torch.Tensor, frame: tuple[torch.Tensor, tor
     """The state at multiplier L (see ``dual_fixed_point._state``; here the residual needs Q
     itself, Off being no basis-free map) and ``step``, which makes the preconditioned step."""
     Y, V, q, mu2 = eig_at(pb, L, frame, mu2, regular)
-    Q = (V * q.unsqueeze(-2)) @ V.mT
+    Q = _q_of(V, q)
     YQ = Y @ Q
     H = off(YQ + YQ.mT)
     res = torch.linalg.matrix_norm(H) / pb.n
